@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` and `make test` (both run `make setup` first).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.enhydra-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint clean
+
+setup: $(STAMP)
+	@$(VENV)/bin/enhydra kafka fetch
+
+$(STAMP): pyproject.toml examples/ledger/pyproject.toml
+	@command -v java >/dev/null || { echo "java is missing: apt-get install openjdk-17-jre-headless"; exit 1; }
+	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install maven"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]' -e examples/ledger
+	@touch $(STAMP)
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not integration and not slow and not template" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check runtime tests examples scripts
+	$(VENV)/bin/ruff format --check runtime tests examples scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Ledger: the reference Enhydra service (accounts with deposits and withdrawals)."""

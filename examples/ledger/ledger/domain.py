@@ -1,0 +1,77 @@
+"""The ledger: accounts that open, take deposits and withdrawals, and close.
+
+Commands (JSON, keyed by account id):
+    {"command_id": str, "type": "open"|"deposit"|"withdraw"|"close",
+     "account": str, "amount": int}
+
+State per account: {"balance": int, "status": "open"|"closed", "version": int}, where version is
+the number of events applied. Topics follow the app id: with the default app id `ledger` they
+are ledger-commands, ledger-events and ledger-rejections. Both functions are pure: the
+streaming service and the PySpark backfill run exactly this code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from enhydra import Aggregate, Rejection
+
+COMMAND_TYPES = ("open", "deposit", "withdraw", "close")
+
+
+def _amount(command: dict[str, Any]) -> int:
+    amount = command.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise Rejection("amount must be a whole number")
+    if amount <= 0:
+        raise Rejection("amount must be greater than 0")
+    return amount
+
+
+def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[str, Any]]:
+    """Validate a command against the account and say what happened."""
+    kind = command.get("type")
+    if kind not in COMMAND_TYPES:
+        expected = ", ".join(COMMAND_TYPES)
+        raise Rejection(f"unknown command type {kind!r}; expected one of {expected}")
+    if kind == "open":
+        if state is not None:
+            raise Rejection("account already exists")
+        return [{"type": "opened"}]
+    if state is None or state["status"] != "open":
+        raise Rejection("account is not open")
+    if kind == "deposit":
+        return [{"type": "deposited", "amount": _amount(command)}]
+    if kind == "withdraw":
+        amount = _amount(command)
+        if amount > state["balance"]:
+            raise Rejection(f"insufficient funds: balance {state['balance']}, asked {amount}")
+        return [{"type": "withdrawn", "amount": amount}]
+    if state["balance"] != 0:
+        raise Rejection(f"balance must be 0 to close, is {state['balance']}")
+    return [{"type": "closed"}]
+
+
+def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]:
+    """The only way an account changes."""
+    kind = event["type"]
+    if kind == "opened":
+        return {"balance": 0, "status": "open", "version": 1}
+    assert state is not None, f"{kind} before opened"
+    if kind == "deposited":
+        balance = state["balance"] + event["amount"]
+    elif kind == "withdrawn":
+        balance = state["balance"] - event["amount"]
+    elif kind == "closed":
+        return {**state, "status": "closed", "version": state["version"] + 1}
+    else:
+        raise ValueError(f"unknown event type {kind!r}")
+    return {**state, "balance": balance, "version": state["version"] + 1}
+
+
+accounts = Aggregate(
+    name="accounts",
+    decide=decide,
+    apply=apply,
+    description="Bank accounts: balance, status and the number of events applied.",
+)

@@ -1,0 +1,100 @@
+"""The programming model: an aggregate is `decide` plus `apply`, both pure.
+
+    decide(state, command) -> list[event]   validation and business rules; raise Rejection
+    apply(state, event)    -> state         the only way state changes
+
+Commands, events and states are JSON values (dicts, lists, str, int, float, bool, None). The
+runtime runs the two functions per key; the PySpark job runs the same `apply` over history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+State = Any
+Command = dict[str, Any]
+Event = dict[str, Any]
+Decide = Callable[[State, Command], Sequence[Event]]
+Apply = Callable[[State, Event], State]
+
+
+class Rejection(Exception):
+    """Raised by `decide` when a command breaks a business rule.
+
+    A rejection is an answer, not a failure: it is published to the rejections topic with the
+    command id and this reason, and the state does not change.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One store of state keyed like the commands topic, changed only through `apply`.
+
+    `name` is the store name (queried at /v1/stores/<name>/...). Topic names default to
+    `<app_id>-commands`, `<app_id>-events` and `<app_id>-rejections`.
+    """
+
+    name: str
+    decide: Decide
+    apply: Apply
+    commands_topic: str | None = None
+    events_topic: str | None = None
+    rejections_topic: str | None = None
+    command_id_field: str = "command_id"
+    initial_state: State = None
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"aggregate name {self.name!r}: use letters, digits, '-' or '_'")
+        if not callable(self.decide) or not callable(self.apply):
+            raise TypeError(f"aggregate {self.name!r}: decide and apply must be callables")
+
+    def bind(self, app_id: str) -> BoundAggregate:
+        """Resolve topic names for one application."""
+        return BoundAggregate(
+            aggregate=self,
+            commands_topic=self.commands_topic or f"{app_id}-commands",
+            events_topic=self.events_topic or f"{app_id}-events",
+            rejections_topic=self.rejections_topic or f"{app_id}-rejections",
+            changelog_topic=f"{app_id}-{self.name}-changelog",
+        )
+
+
+@dataclass(frozen=True)
+class BoundAggregate:
+    """An aggregate with the concrete topic names of one application."""
+
+    aggregate: Aggregate
+    commands_topic: str
+    events_topic: str
+    rejections_topic: str
+    changelog_topic: str
+
+    @property
+    def name(self) -> str:
+        return self.aggregate.name
+
+
+def replay(aggregate: Aggregate, events: Sequence[Event], state: State = None) -> State:
+    """Fold events through `apply`: the definition of state that every path must agree with."""
+    for event in events:
+        state = aggregate.apply(state, event)
+    return state
+
+
+def dumps(value: Any) -> bytes:
+    """The JSON serde used for commands, events, rejections and states."""
+    return orjson.dumps(value)
+
+
+def loads(data: bytes) -> Any:
+    return orjson.loads(data)

@@ -1,0 +1,1 @@
+"""The `enhydra` command line."""

@@ -1,0 +1,1 @@
+"""Queries over the stores: HTTP API and, later, routing across instances."""

@@ -1,0 +1,1 @@
+"""Changelog-backed RocksDB store partitions and their restore."""

@@ -1,0 +1,104 @@
+"""One store partition: a RocksDB database on local disk, the cache of a Kafka changelog.
+
+The Kafka changelog is the truth; the local database is a cache of it plus a checkpoint: the
+offset of the last changelog record it contains. Keeping the checkpoint in the same database,
+written in the same WriteBatch as the data, means a restart with the state dir kept restores
+only the changelog tail after that offset, and a crash can never leave the two disagreeing.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+META_FAMILY = "enhydra_meta"
+CHANGELOG_OFFSET = b"changelog_offset"
+INPUT_OFFSET = b"input_offset"
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+class PartitionStore:
+    """Key/value bytes for one partition of one store, with its changelog checkpoint."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(path), options=_options(), column_families={META_FAMILY: _options()})
+        self._meta_handle = self._db.get_column_family_handle(META_FAMILY)
+        self._meta = self._db.get_column_family(META_FAMILY)
+
+    # reads -----------------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._db.get(keys) if keys else []
+
+    def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Every key and value in key order, from `start` (inclusive) when given."""
+        it = self._db.iter()
+        if start is None:
+            it.seek_to_first()
+        else:
+            it.seek(start)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def _meta_int(self, name: bytes) -> int:
+        raw = self._meta.get(name)
+        return int(raw) if raw is not None else -1
+
+    @property
+    def changelog_offset(self) -> int:
+        """Offset of the last changelog record contained here; -1 when none."""
+        return self._meta_int(CHANGELOG_OFFSET)
+
+    @property
+    def input_offset(self) -> int:
+        """Offset of the last input record whose effect is contained here; -1 when none."""
+        return self._meta_int(INPUT_OFFSET)
+
+    # writes ----------------------------------------------------------------------------------
+    def write(
+        self,
+        puts: Iterable[tuple[bytes, bytes | None]],
+        *,
+        changelog_offset: int | None = None,
+        input_offset: int | None = None,
+    ) -> None:
+        """Apply puts (None value = delete) and move the checkpoints, atomically."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in puts:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        if changelog_offset is not None:
+            batch.put(CHANGELOG_OFFSET, str(changelog_offset).encode(), self._meta_handle)
+        if input_offset is not None:
+            batch.put(INPUT_OFFSET, str(input_offset).encode(), self._meta_handle)
+        self._db.write(batch)
+
+    def close(self) -> None:
+        """Release the RocksDB lock; every handle must be gone before it is released."""
+        if self._db is None:
+            return
+        self._meta.close()
+        self._db.close()
+        self._db = self._meta = self._meta_handle = None  # type: ignore[assignment]
+        gc.collect()
+
+    @staticmethod
+    def wipe(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)

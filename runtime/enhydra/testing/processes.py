@@ -1,0 +1,242 @@
+"""Real service instances as OS processes, and small Kafka helpers for tests and the demo.
+
+A test that kills an instance must kill a process, not a coroutine: only then are the crash
+semantics (no flush, no commit, no goodbye to the group) the ones production sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
+    """GET a JSON endpoint; returns (status, decoded body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body or b"null")
+        except json.JSONDecodeError:
+            return exc.code, body.decode("utf-8", "replace")
+
+
+@dataclass
+class ServiceProcess:
+    """One instance of a service started with `enhydra run TARGET`."""
+
+    target: str
+    env: dict[str, str]
+    log_path: Path
+    cwd: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.env['ENHYDRA_WEB_PORT']}"
+
+    @property
+    def instance_id(self) -> str:
+        return self.env["ENHYDRA_INSTANCE_ID"]
+
+    def start(self) -> ServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "enhydra.cli.main", "run", self.target],
+            env={**os.environ, **self.env},
+            cwd=self.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until /health/ready answers 200; fail with the log tail if the process died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.instance_id} exited early:\n{self.log_tail()}")
+            try:
+                status, _ = http_get(self.url + "/health/ready", timeout=2)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.instance_id} not ready after {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait: the graceful path (flush, commit, leave the group)."""
+        if not self.alive():
+            return self.process.returncode if self.process else None
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise TimeoutError(f"{self.instance_id} ignored SIGTERM for {timeout}s") from None
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing flushed."""
+        if self.alive():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return http_get(self.url + path)
+
+
+def service_env(
+    *,
+    app_id: str,
+    bootstrap: str,
+    instance_id: str,
+    state_dir: Path,
+    web_port: int | None = None,
+    partitions: int = 4,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for one test instance: short timeouts so rebalances take seconds."""
+    return {
+        "ENHYDRA_APP_ID": app_id,
+        "ENHYDRA_BOOTSTRAP_SERVERS": bootstrap,
+        "ENHYDRA_INSTANCE_ID": instance_id,
+        "ENHYDRA_STATE_DIR": str(state_dir),
+        "ENHYDRA_WEB_HOST": "127.0.0.1",
+        "ENHYDRA_WEB_PORT": str(web_port or free_port()),
+        "ENHYDRA_PARTITIONS": str(partitions),
+        "ENHYDRA_SESSION_TIMEOUT_MS": "6000",
+        "ENHYDRA_HEARTBEAT_INTERVAL_MS": "1000",
+        "ENHYDRA_REBALANCE_TIMEOUT_MS": "10000",
+        "ENHYDRA_LOG_FORMAT": "json",
+        **(extra or {}),
+    }
+
+
+async def produce_json(
+    bootstrap: str, topic: str, records: Iterable[tuple[str, Any]], *, linger_ms: int = 5
+) -> int:
+    """Produce (key, value) pairs as JSON, partitioned by key like any Kafka producer."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks="all")
+    await producer.start()
+    count = 0
+    try:
+        futures = []
+        for key, value in records:
+            data = value if isinstance(value, bytes) else json.dumps(value).encode()
+            futures.append(await producer.send(topic, data, key=key.encode()))
+            count += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return count
+
+
+async def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Any]:
+    """Every record currently in `topic` (up to its end offsets), oldest first per partition."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            if all(positions[tp] >= ends[tp] for tp in tps):
+                break
+            batch = await consumer.getmany(timeout_ms=500, max_records=10000)
+            for recs in batch.values():
+                records.extend(recs)
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def wait_for_committed(
+    bootstrap: str, group: str, topic: str, *, timeout: float = 60.0
+) -> None:
+    """Wait until the group has committed every partition of `topic` up to its end."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                ends = await consumer.end_offsets(tps)
+                committed = await admin.list_consumer_group_offsets(group)
+                behind = {
+                    tp.partition: ends[tp] - (committed[tp].offset if tp in committed else 0)
+                    for tp in tps
+                }
+                if all(lag <= 0 for lag in behind.values()):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"group {group} still behind on {topic}: {behind}")
+                await asyncio.sleep(0.3)
+        finally:
+            await admin.close()
+    finally:
+        await consumer.stop()
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The end offset of every partition of `topic`."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()

@@ -1,0 +1,75 @@
+"""Create the topics a service needs, and refuse to start on topics that cannot work.
+
+A commands topic with a different partition count than the changelog would route keys to the
+wrong store partition, so a mismatch is a start-up error naming the topic, never a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from enhydra.logs import get_logger
+
+log = get_logger("enhydra.topics")
+
+
+class TopicError(RuntimeError):
+    """A topic exists with a layout the service cannot use."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int = 1
+    config: dict[str, str] = field(default_factory=dict)
+    compacted: bool = False
+
+    def new_topic(self) -> NewTopic:
+        config = dict(self.config)
+        if self.compacted:
+            config.setdefault("cleanup.policy", "compact")
+        return NewTopic(self.name, self.partitions, self.replication_factor, topic_configs=config)
+
+
+async def partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """Partition count of each existing topic among `names`."""
+    described = await admin.describe_topics(names)
+    counts: dict[str, int] = {}
+    for topic in described:
+        if topic.get("error_code", 0) == 0 and topic.get("partitions"):
+            counts[topic["topic"]] = len(topic["partitions"])
+    return counts
+
+
+async def ensure_topics(
+    bootstrap: str, specs: list[TopicSpec], *, client_id: str = "enhydra"
+) -> None:
+    """Create missing topics; verify existing ones have the expected partition count."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another instance was first
+                await admin.create_topics([s.new_topic() for s in missing])
+            for spec in missing:
+                log.info("topic created", topic=spec.name, partitions=spec.partitions)
+        counts = await partition_counts(admin, [s.name for s in specs])
+        for spec in specs:
+            found = counts.get(spec.name)
+            if found is None:
+                raise TopicError(f"topic {spec.name!r} could not be created or described")
+            if found != spec.partitions:
+                raise TopicError(
+                    f"topic {spec.name!r} has {found} partitions but the service expects "
+                    f"{spec.partitions} (ENHYDRA_PARTITIONS); keys would be routed to the wrong "
+                    "store partition. Use a new app id or repartition the topic."
+                )
+    finally:
+        await admin.close()
