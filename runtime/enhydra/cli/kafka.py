@@ -1,0 +1,124 @@
+"""`enhydra kafka ...`: run the pinned Apache Kafka locally for development and tests.
+
+Machine-readable results (`bootstrap=...`, `pid=...`) go to stdout, one per line, so scripts can
+`eval` or grep them; progress and notes go to stderr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+from enhydra.broker.local import (
+    DEFAULT_PORT,
+    KAFKA_VERSION,
+    BrokerError,
+    LocalBroker,
+    kafka_classpath,
+)
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _note(message: str) -> None:
+    click.echo(f"enhydra: {message}", err=True)
+
+
+def _data_dir_option(func: F) -> F:
+    return click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        envvar="ENHYDRA_BROKER_DIR",
+        show_envvar=True,
+        help="Where the broker keeps data, config, logs and state "
+        "[default: ~/.cache/enhydra/broker].",
+    )(func)
+
+
+@click.group("kafka")
+def kafka() -> None:
+    """Run a local single-node Apache Kafka broker (KRaft) for development and tests."""
+
+
+@kafka.command("start")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help=f"Client port; 0 picks a free one [default: {DEFAULT_PORT}, or the port this data "
+    "dir used last].",
+)
+@_data_dir_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the broker to answer.",
+)
+def start(port: int | None, data_dir: Path | None, timeout: float) -> None:
+    """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`."""
+    broker = LocalBroker(data_dir, port)
+    try:
+        running = broker.status()
+        if running is None:
+            _note(f"starting Apache Kafka {KAFKA_VERSION} (data in {broker.data_dir})")
+        info = broker.start(timeout=timeout)
+    except (BrokerError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if running is not None and running.pid == info.pid:
+        _note(f"reusing the running broker (pid {info.pid}, data in {info.data_dir})")
+    else:
+        _note(f"Kafka is ready (pid {info.pid}); logs in {broker.server_log}")
+    click.echo(f"bootstrap={info.bootstrap}")
+
+
+@kafka.command("stop")
+@_data_dir_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a clean shutdown before killing the broker.",
+)
+def stop(data_dir: Path | None, timeout: float) -> None:
+    """Stop the broker recorded in the data dir (its data is kept)."""
+    broker = LocalBroker(data_dir)
+    try:
+        running = broker.status()
+        stopped = broker.stop(timeout=timeout)
+    except (BrokerError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if stopped and running is not None:
+        _note(f"stopped the broker (pid {running.pid})")
+    else:
+        _note(f"no broker running from {broker.data_dir}")
+
+
+@kafka.command("status")
+@_data_dir_option
+@click.pass_context
+def status(ctx: click.Context, data_dir: Path | None) -> None:
+    """Print `bootstrap=...` and `pid=...` of the running broker; exit 1 if none is running."""
+    broker = LocalBroker(data_dir)
+    info = broker.status()
+    if info is None:
+        _note(f"no broker running from {broker.data_dir}")
+        ctx.exit(1)
+    click.echo(f"bootstrap={info.bootstrap}")
+    click.echo(f"pid={info.pid}")
+
+
+@kafka.command("fetch")
+def fetch() -> None:
+    """Download the Kafka jars into the cache (once), and print `classpath=...`."""
+    try:
+        classpath = kafka_classpath()
+    except (BrokerError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"classpath={classpath}")
