@@ -15,8 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.workload import generate, model
-
 from enhydra.broker.local import LocalBroker
 from enhydra.testing.processes import (
     ServiceProcess,
@@ -25,6 +23,7 @@ from enhydra.testing.processes import (
     service_env,
     wait_for_committed,
 )
+from ledger.workload import generate, model
 
 ACCOUNTS = 1000
 COMMANDS = 5000

@@ -112,7 +112,9 @@ class Service:
             topic_partitions=s.partitions,
         )
         app.web_server(_WebService(build_app(engine, s.instance_id), s.web_host, s.web_port))
-        app.service(type("EnhydraEngine", (_EngineService,), {"engine": engine}))
+        app.service(
+            type("EnhydraEngine", (_EngineService,), {"engine": engine, "__module__": __name__})
+        )
         self.app = app
         return app
 
@@ -126,6 +128,7 @@ class Service:
         )
         app = self.build()
         worker = faust.Worker(app, quiet=True, loglevel=s.log_level.upper(), override_logging=False)
+        worker.spinner = None  # it writes terminal escapes into the JSON log stream
         assert self.engine is not None
 
         stopping: list[asyncio.Future[None]] = []

@@ -6,37 +6,13 @@ import asyncio
 
 import pytest
 
-from enhydra.testing.processes import (
-    ServiceProcess,
-    end_offsets,
-    produce_json,
-    read_topic,
-    wait_for_committed,
-)
+from enhydra.testing.processes import end_offsets, read_topic
 from ledger.workload import generate, model
+from tests.integration.ledger_support import feed, read_accounts
 
 pytestmark = pytest.mark.integration
 
 TARGET = "ledger.service:service"
-
-
-def read_accounts(instances: list[ServiceProcess], accounts: list[str]) -> dict[str, dict]:
-    """Read every account from whichever instance hosts it (421 means 'ask another one')."""
-    found: dict[str, dict] = {}
-    for account in accounts:
-        answers = [inst.get(f"/v1/stores/accounts/keys/{account}") for inst in instances]
-        hits = [body for status, body in answers if status == 200]
-        assert len(hits) <= 1, f"{account} served by more than one instance: {answers}"
-        if hits:
-            found[account] = hits[0]
-        else:
-            assert all(status in (404, 421) for status, _ in answers), answers
-    return found
-
-
-def feed(bootstrap: str, app_id: str, commands: list) -> None:
-    asyncio.run(produce_json(bootstrap, f"{app_id}-commands", commands))
-    asyncio.run(wait_for_committed(bootstrap, app_id, f"{app_id}-commands", timeout=120))
 
 
 def test_two_instances_match_the_model(service_factory, kafka_bootstrap, app_id):

@@ -1,0 +1,116 @@
+"""Start, stop and crash a real instance: clean exits, clear start-up errors, no double apply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from enhydra.testing.processes import produce_json, service_env, wait_for_committed
+from ledger.workload import generate, model
+from tests.integration.ledger_support import read_accounts
+
+pytestmark = pytest.mark.integration
+
+TARGET = "ledger.service:service"
+
+
+def test_python_dash_m_runs_a_worker_and_sigterm_stops_it_cleanly(
+    kafka_bootstrap, app_id, tmp_path
+):
+    env = service_env(
+        app_id=app_id, bootstrap=kafka_bootstrap, instance_id="m1", state_dir=tmp_path / "state"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ledger"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        lines: list[str] = []
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode()
+            assert line, "worker exited before it was ready:\n" + "".join(lines)
+            lines.append(line)
+            if '"tasks active"' in line:
+                break
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines += out.decode().splitlines(keepends=True)
+    assert proc.returncode == 0, "".join(lines[-20:])
+    records = [json.loads(line) for line in lines if line.strip()]  # every line is JSON
+    assert any(r["event"] == "engine stopped" for r in records)
+    assert records[-1]["event"] == "stopped" and records[-1]["exit_code"] == 0
+    print(f"graceful stop took {took:.2f}s")
+
+
+def test_bad_setting_fails_fast_naming_the_variable(tmp_path):
+    env = {**os.environ, "ENHYDRA_PARTITIONS": "many", "ENHYDRA_STATE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "enhydra.cli.main", "run", TARGET],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "ENHYDRA_PARTITIONS='many' is invalid: expected a whole number" in result.stderr
+
+
+def test_partition_count_mismatch_is_a_startup_error(service_factory, app_id):
+    first = service_factory(TARGET, "p4")
+    first.wait_ready()
+    first.stop()
+    wrong = service_factory(TARGET, "p6", extra_env={"ENHYDRA_PARTITIONS": "6"})
+    assert wrong.process is not None
+    code = wrong.process.wait(60)
+    assert code != 0
+    assert f"topic '{app_id}-commands' has 4 partitions but the service expects 6" in (
+        wrong.log_tail(200)
+    )
+
+
+@pytest.mark.slow
+def test_kill_dash_nine_under_load_loses_nothing_and_applies_nothing_twice(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    commands = generate(400, 12000, seed=21)
+    one = service_factory(TARGET, "k1", state_dir=tmp_path / "k1")
+    one.wait_ready()
+
+    async def produce_slowly() -> None:
+        for start in range(0, len(commands), 1000):
+            await produce_json(
+                kafka_bootstrap, f"{app_id}-commands", commands[start : start + 1000]
+            )
+            await asyncio.sleep(0.15)
+
+    async def kill_midway() -> None:
+        await asyncio.sleep(0.8)
+        one.kill()
+
+    async def both() -> None:
+        await asyncio.gather(produce_slowly(), kill_midway())
+
+    asyncio.run(both())
+    again = service_factory(TARGET, "k1-again", state_dir=tmp_path / "k1")
+    again.wait_ready()
+    asyncio.run(wait_for_committed(kafka_bootstrap, app_id, f"{app_id}-commands", timeout=120))
+    expected = model(commands)
+    assert read_accounts([again], sorted(expected)) == expected
+    _, stats = again.get("/v1/stats")
+    print("after restart:", {k: stats[k] for k in ("processed", "skipped", "events")})
