@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -37,6 +38,8 @@ def parse_context(pairs: tuple[str, ...]) -> dict[str, str]:
 def new(no_input: bool, output_dir: Path, overwrite: bool, context: tuple[str, ...]) -> None:
     """Generate a new service. CONTEXT is KEY=VALUE pairs, e.g. project_name='Billing'."""
     extra = parse_context(context)
+    # cookiecutter logs a hook's refusal with a traceback; our message below says it plainly.
+    logging.getLogger("cookiecutter").setLevel(logging.CRITICAL)
     try:
         project = cookiecutter(
             str(service_template()),

@@ -1,0 +1,16 @@
+"""The {{ cookiecutter.project_name }} service: the items aggregate with Enhydra's runtime around it.
+
+The values here are defaults: every ENHYDRA_* environment variable overrides them, so the same
+code runs on a laptop, in compose and in Kubernetes.
+"""
+
+from enhydra import Service
+
+from {{ cookiecutter.package_name }}.domain import items
+
+service = Service(
+    "{{ cookiecutter.app_id }}",
+    items,
+    partitions={{ cookiecutter.partitions }},
+    web_port={{ cookiecutter.web_port }},
+)
