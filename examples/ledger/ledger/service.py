@@ -1,6 +1,16 @@
-"""The ledger service: the accounts aggregate with Enhydra's runtime around it."""
+"""The ledger service: the accounts aggregate with Enhydra's runtime around it.
+
+The values here are defaults: every ENHYDRA_* environment variable overrides them, so the same
+code runs on a laptop, in compose and in Kubernetes.
+"""
 
 from enhydra import Service
+
 from ledger.domain import accounts
 
-service = Service("ledger", accounts)
+service = Service(
+    "ledger",
+    accounts,
+    partitions=4,
+    web_port=6066,
+)

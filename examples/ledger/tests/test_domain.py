@@ -1,11 +1,11 @@
-"""The ledger's rules, through the in-memory driver (the same batch core as production)."""
+"""The ledger's rules through the in-memory driver: the batch core of the service, no broker."""
 
 from __future__ import annotations
 
 import pytest
-
 from enhydra import replay
 from enhydra.testing import Driver
+
 from ledger.domain import accounts
 from ledger.workload import generate, model
 
