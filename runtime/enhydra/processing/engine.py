@@ -44,6 +44,12 @@ from enhydra.topics import TopicSpec, ensure_topics
 
 log = get_logger("enhydra.engine")
 
+# Every event carries the command that caused it: its id (for dedup when state is rebuilt from
+# events) and its offset in the commands partition of the same number (for the cut of a
+# snapshot rebuilt from events, so a clone resumes on the commands topic exactly after it).
+COMMAND_ID_HEADER = "enhydra.command_id"
+COMMAND_OFFSET_HEADER = "enhydra.command_offset"
+
 
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner, so routing agrees with every Kafka producer."""
@@ -325,7 +331,10 @@ class Engine:
         for tp, _task, result in results:
             for emitted in result.emitted:
                 key = emitted.key.encode("utf-8")
-                headers = [("enhydra.command_id", emitted.command_id.encode("utf-8"))]
+                headers = [
+                    (COMMAND_ID_HEADER, emitted.command_id.encode("utf-8")),
+                    (COMMAND_OFFSET_HEADER, str(emitted.offset).encode()),
+                ]
                 for event in emitted.events:
                     acks.append(
                         await send(
