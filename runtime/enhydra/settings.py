@@ -98,6 +98,13 @@ def _tags(name: str, raw: str) -> dict[str, str]:
     return tags
 
 
+def _names(name: str, raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if any(not re.match(r"^[A-Za-z0-9_.-]+$", n) for n in names):
+        raise SettingsError(name, raw, "comma-separated tag names, e.g. zone,rack")
+    return names
+
+
 def _text(name: str, raw: str) -> str:
     return raw
 
@@ -142,6 +149,11 @@ class Settings:
     rebalance_timeout_ms: int = _env(_positive_int, 30000)
     shutdown_timeout_s: int = _env(_positive_int, 25)
     dedup_window: int = _env(_non_negative_int, 100)
+    num_standby_replicas: int = _env(_non_negative_int, 0)
+    acceptable_recovery_lag: int = _env(_non_negative_int, 10_000)
+    max_warmup_replicas: int = _env(_positive_int, 2)
+    probing_rebalance_interval_ms: int = _env(_positive_int, 600_000)
+    rack_aware_assignment_tags: tuple[str, ...] = _env(_names, ())
 
     def __post_init__(self) -> None:
         if not self.instance_id:
@@ -149,6 +161,13 @@ class Settings:
         if not self.advertised_url:
             host = "127.0.0.1" if self.web_host in ("0.0.0.0", "::") else self.web_host
             object.__setattr__(self, "advertised_url", f"http://{host}:{self.web_port}")
+        missing = [t for t in self.rack_aware_assignment_tags if t not in self.client_tags]
+        if missing:
+            raise SettingsError(
+                "client_tags",
+                ",".join(f"{k}={v}" for k, v in self.client_tags.items()),
+                f"a value for every rack-aware tag ({', '.join(missing)} missing)",
+            )
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise SettingsError(
                 "heartbeat_interval_ms",
@@ -174,7 +193,11 @@ class Settings:
             if raw is not None and raw.strip() != "":
                 values[f.name] = parser(f.name, raw.strip())
             elif has_default:
-                values[f.name] = parser(f.name, default) if isinstance(default, str) else default
+                if isinstance(default, str):
+                    default = parser(f.name, default)
+                elif isinstance(default, list):
+                    default = tuple(default)
+                values[f.name] = default
         if defaults:
             unknown = ", ".join(sorted(defaults))
             raise TypeError(f"unknown setting(s): {unknown}")

@@ -12,7 +12,12 @@ import time
 
 import pytest
 
-from enhydra.testing.processes import produce_json, service_env, wait_for_committed
+from enhydra.testing.processes import (
+    ServiceProcess,
+    produce_json,
+    service_env,
+    wait_for_committed,
+)
 from ledger.workload import generate, model
 from tests.integration.ledger_support import read_accounts
 
@@ -27,31 +32,27 @@ def test_python_dash_m_runs_a_worker_and_sigterm_stops_it_cleanly(
     env = service_env(
         app_id=app_id, bootstrap=kafka_bootstrap, instance_id="m1", state_dir=tmp_path / "state"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ledger"],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log_path = tmp_path / "m1.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ledger"],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        deadline = time.monotonic() + 60
-        lines: list[str] = []
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline().decode()
-            assert line, "worker exited before it was ready:\n" + "".join(lines)
-            lines.append(line)
-            if '"tasks active"' in line:
-                break
+        ServiceProcess.wait_until_ready(
+            proc, f"http://127.0.0.1:{env['ENHYDRA_WEB_PORT']}", log_path
+        )
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
         took = time.monotonic() - started
     finally:
         if proc.poll() is None:
             proc.kill()
-    lines += out.decode().splitlines(keepends=True)
-    assert proc.returncode == 0, "".join(lines[-20:])
+    lines = log_path.read_text().splitlines()
+    assert proc.returncode == 0, "\n".join(lines[-20:])
     records = [json.loads(line) for line in lines if line.strip()]  # every line is JSON
     assert any(r["event"] == "engine stopped" for r in records)
     assert records[-1]["event"] == "stopped" and records[-1]["exit_code"] == 0

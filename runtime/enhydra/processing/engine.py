@@ -1,54 +1,51 @@
-"""The Kafka engine: consume commands in batches, run the pure core, produce, persist, commit.
+"""The Kafka engine: consume commands in batches, run the pure core, publish, persist, commit.
 
 Order of a batch, chosen so that a crash at any point loses nothing and applies nothing twice:
 
 1. run decide/apply for every record of the batch (pure, no I/O);
-2. produce events and rejections, and wait for the broker's acknowledgement;
-3. produce the changed entries to the changelog, and wait again;
-4. write the entries and the changelog checkpoint to RocksDB in one WriteBatch;
-5. commit the input offsets (at most every `commit_interval_ms`).
+2. publish events, rejections and changed entries (see output.py for the two guarantees);
+3. write the entries and the changelog checkpoint to RocksDB in one WriteBatch;
+4. commit the input offsets (at most every `commit_interval_ms`; in the transaction for
+   exactly_once).
 
-A crash before 2 completes re-runs the batch. A crash after 3 leaves entries in the changelog
-that carry their input offset, so whoever restores them skips the redelivered commands instead of
-applying them again; their events were acknowledged in step 2, so none is lost. Events may be
-duplicated by a crash between 2 and 3 (at-least-once outputs); state never is.
+Every changelog entry carries the input offset that last changed its key, so whoever restores
+it skips redelivered commands instead of applying them again.
+
+Besides its active tasks, an instance keeps standby and warm-up copies of other tasks by
+following their changelogs (assignment/ decides which); an active whose instance is lost moves
+to a caught-up copy and resumes after restoring only the tail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import murmur2
 
-from enhydra.aggregate import BoundAggregate, dumps
+from enhydra.aggregate import BoundAggregate
+from enhydra.assignment import AssignmentConfig
+from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport, TaskAssignor
 from enhydra.logs import get_logger
-from enhydra.processing.core import (
-    BatchResult,
-    Entry,
-    InputRecord,
-    decode_entry,
-    encode_entry,
-    process_batch,
+from enhydra.processing.core import Entry, InputRecord, decode_entry, process_batch
+from enhydra.processing.output import (
+    AtLeastOnceOutput,
+    ExactlyOnceOutput,
+    PartitionBatch,
+    changelog_puts,
+    make_output,
 )
 from enhydra.settings import Settings
+from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
-from enhydra.stores.restore import Restorer
 from enhydra.topics import TopicSpec, ensure_topics
 
 log = get_logger("enhydra.engine")
-
-# Every event carries the command that caused it: its id (for dedup when state is rebuilt from
-# events) and its offset in the commands partition of the same number (for the cut of a
-# snapshot rebuilt from events, so a clone resumes on the commands topic exactly after it).
-COMMAND_ID_HEADER = "enhydra.command_id"
-COMMAND_OFFSET_HEADER = "enhydra.command_offset"
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -56,18 +53,25 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-class TaskStatus(StrEnum):
-    RESTORING = "restoring"
+class Role(StrEnum):
     ACTIVE = "active"
+    STANDBY = "standby"
+    WARMUP = "warmup"
+
+
+class TaskStatus(StrEnum):
+    RESTORING = "restoring"  # active, catching up with its changelog before input flows
+    RUNNING = "running"  # active: processing; standby/warm-up: following the changelog
     SUSPENDED = "suspended"  # revoked during a rebalance; may come back without a restore
 
 
 @dataclass
 class Task:
-    """One partition of the aggregate: its input partition and its store partition."""
+    """One partition of the aggregate held here: input partition + store partition copy."""
 
     partition: int
     store: PartitionStore
+    role: Role = Role.ACTIVE
     status: TaskStatus = TaskStatus.RESTORING
     processed: int = 0
     restore: dict[str, float] = field(default_factory=dict)
@@ -105,20 +109,30 @@ class Engine:
         self.settings = settings
         self.aggregate = aggregate
         self.tasks: dict[int, Task] = {}
+        self.group = GroupMap()
         self.joined = False
         self.rebalancing = False
+        self.rebalances = 0
         self.stats = {"processed": 0, "events": 0, "rejections": 0, "skipped": 0, "batches": 0}
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._assignment = MemberAssignment()
+        self._disk_checkpoints: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._pending_commit: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
-        self._loop_task: asyncio.Task[None] | None = None
-        self._restore_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._restorer: Restorer | None = None
-        self.failure: BaseException | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
+        # Kafka clients need the running loop: they are created in start().
+        self._output: AtLeastOnceOutput | ExactlyOnceOutput
+        self._reader: ChangelogReader
+        self.assignment_config = AssignmentConfig(
+            num_standby_replicas=settings.num_standby_replicas,
+            acceptable_recovery_lag=settings.acceptable_recovery_lag,
+            max_warmup_replicas=settings.max_warmup_replicas,
+            rack_aware_assignment_tags=settings.rack_aware_assignment_tags,
+        )
 
     # lifecycle -------------------------------------------------------------------------------
     def topic_specs(self) -> list[TopicSpec]:
@@ -134,17 +148,17 @@ class Engine:
     async def start(self) -> None:
         s = self.settings
         await ensure_topics(s.bootstrap_servers, self.topic_specs(), client_id=s.instance_id)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.bootstrap_servers,
-            client_id=f"{s.instance_id}-producer",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=s.producer_linger_ms,
-            max_batch_size=256 * 1024,
+        self._scan_local_stores()
+        self._output = make_output(s, self.aggregate)
+        self._reader = ChangelogReader(s, self.aggregate.changelog_topic, self._on_restored)
+        await self._output.start()
+        await self._reader.start()  # fetches end offsets first: the join reports real lags
+        assignor = TaskAssignor(
+            self.aggregate.commands_topic,
+            self.assignment_config,
+            self._report,
+            self._on_assignment,
         )
-        await self._producer.start()
-        self._restorer = Restorer(s, self.aggregate.changelog_topic)
-        await self._restorer.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap_servers,
             group_id=s.app_id,
@@ -157,123 +171,238 @@ class Engine:
             rebalance_timeout_ms=s.rebalance_timeout_ms,
             max_poll_interval_ms=max(s.rebalance_timeout_ms, 60000),
             fetch_max_wait_ms=100,
+            partition_assignment_strategy=(assignor,),
         )
         self._consumer.subscribe([self.aggregate.commands_topic], listener=_Listener(self))
         await self._consumer.start()
-        self._loop_task = asyncio.create_task(self._run(), name="enhydra-processing")
+        self._background = [
+            asyncio.create_task(self._run(), name="enhydra-processing"),
+            asyncio.create_task(self._probe(), name="enhydra-probing"),
+        ]
         log.info(
             "engine started",
             store=self.aggregate.name,
             commands=self.aggregate.commands_topic,
             partitions=s.partitions,
+            guarantee=s.processing_guarantee,
+            standbys=s.num_standby_replicas,
+            local_stores=sorted(self._disk_checkpoints),
         )
 
     async def stop(self) -> None:
         """Finish the batch in flight, flush, commit, leave the group, close the stores."""
         self._stopping.set()
-        if self._loop_task is not None:
+        processing, *others = self._background or [None]
+        for task in others:
+            task.cancel()
+        if processing is not None:
             try:
-                await asyncio.wait_for(self._loop_task, self.settings.shutdown_timeout_s)
+                await asyncio.wait_for(processing, self.settings.shutdown_timeout_s)
             except (TimeoutError, asyncio.CancelledError):
-                self._loop_task.cancel()
+                processing.cancel()
             except Exception:  # already reported through on_failure
                 pass
-        await self._cancel_restore()
+        if hasattr(self, "_reader"):  # start() may have failed before creating it
+            await self._reader.stop()
         if self._consumer is not None:
             async with self._lock:
                 await self._commit(force=True)
             await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-        if self._restorer is not None:
-            await self._restorer.stop()
+        if hasattr(self, "_output"):
+            await self._output.stop()
         for task in self.tasks.values():
             task.store.close()
         self.tasks.clear()
         log.info("engine stopped", **self.stats)
 
+    def _scan_local_stores(self) -> None:
+        """Checkpoints of store copies left on disk by earlier runs: reported as lags."""
+        root = self.settings.store_dir / self.aggregate.name
+        for path in sorted(root.glob("*")) if root.is_dir() else ():
+            if path.name.isdigit() and int(path.name) < self.settings.partitions:
+                store = PartitionStore(path)
+                self._disk_checkpoints[int(path.name)] = store.changelog_offset
+                store.close()
+
     @property
     def ready(self) -> bool:
-        """In the group, not rebalancing, and every assigned task restored."""
+        """In the group, not rebalancing, and every active task restored."""
         return (
             self.joined
             and not self.rebalancing
-            and all(t.status is TaskStatus.ACTIVE for t in self.tasks.values())
+            and all(
+                t.status is TaskStatus.RUNNING for t in self.tasks.values() if t.role is Role.ACTIVE
+            )
         )
+
+    def active_partitions(self) -> list[int]:
+        return sorted(p for p, t in self.tasks.items() if t.role is Role.ACTIVE)
+
+    # group protocol --------------------------------------------------------------------------
+    def task_lag(self, task: Task) -> int | None:
+        """Changelog records this copy is behind; 0 for a running active (it writes them)."""
+        if task.role is Role.ACTIVE and task.status is TaskStatus.RUNNING:
+            return 0
+        return self._lag(task, task.partition)
+
+    def _lag(self, task_or_checkpoint: Task | int, partition: int) -> int | None:
+        checkpoint = (
+            task_or_checkpoint.store.changelog_offset
+            if isinstance(task_or_checkpoint, Task)
+            else task_or_checkpoint
+        )
+        return self._reader.lag(partition, checkpoint)
+
+    def _report(self) -> MemberReport:
+        """What this instance tells the leader when it joins (called inside the join)."""
+        lags: dict[int, int] = {}
+        # A task with no local copy lags by its whole changelog: a small one is cheap to
+        # restore, so such an instance can count as caught up (acceptable_recovery_lag).
+        for partition in range(self.settings.partitions):
+            lag = self._lag(-1, partition)
+            if lag is not None:
+                lags[partition] = lag
+        for partition, checkpoint in self._disk_checkpoints.items():
+            lag = self._lag(checkpoint, partition)
+            if lag is not None:
+                lags[partition] = lag
+        for partition, task in self.tasks.items():
+            running_active = task.role is Role.ACTIVE and task.status is not TaskStatus.RESTORING
+            lag = 0 if running_active else self._lag(task, partition)
+            if lag is not None:
+                lags[partition] = lag
+        return MemberReport(
+            instance_id=self.settings.instance_id,
+            url=self.settings.advertised_url,
+            tags=self.settings.client_tags,
+            active=frozenset(p for p, t in self.tasks.items() if t.role is Role.ACTIVE),
+            standby=frozenset(p for p, t in self.tasks.items() if t.role is not Role.ACTIVE),
+            lags=lags,
+        )
+
+    def _on_assignment(self, assignment: MemberAssignment) -> None:
+        self._assignment = assignment  # arrives just before on_partitions_assigned
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.rebalancing = True
+        async with self._lock:
+            await self._commit(force=True)
+            for tp in revoked:
+                task = self.tasks.get(tp.partition)
+                if task is not None and task.role is Role.ACTIVE:
+                    task.status = TaskStatus.SUSPENDED
+            # Stop restoring what may go elsewhere; standbys keep following meanwhile.
+            self._reader.set_copies({}, self._following())
+        if revoked:
+            log.info("partitions revoked", partitions=sorted(tp.partition for tp in revoked))
+
+    def _following(self) -> dict[int, Task]:
+        return {p: t for p, t in self.tasks.items() if t.role is not Role.ACTIVE}
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        extra = self._assignment
+        active = {tp.partition for tp in assigned}
+        roles = {p: Role.WARMUP for p in extra.warmup}
+        roles.update({p: Role.STANDBY for p in extra.standby})
+        roles.update({p: Role.ACTIVE for p in active})
+        async with self._lock:
+            for partition in [p for p in self.tasks if p not in roles]:
+                await self._close_task(partition)
+            for partition, role in sorted(roles.items()):
+                task = self.tasks.get(partition)
+                if task is None:
+                    path = self.settings.store_dir / self.aggregate.name / str(partition)
+                    task = self.tasks[partition] = Task(partition, PartitionStore(path))
+                    self._disk_checkpoints.pop(partition, None)
+                if role is not Role.ACTIVE and task.role is Role.ACTIVE:
+                    await self._output.close_task(partition)
+                task.role = role
+                task.status = TaskStatus.RESTORING if role is Role.ACTIVE else TaskStatus.RUNNING
+            for partition in sorted(active):
+                await self._output.open_task(partition)
+            if assigned:
+                assert self._consumer is not None
+                self._consumer.pause(*assigned)
+            restoring = {p: t for p, t in self.tasks.items() if t.role is Role.ACTIVE}
+            self._reader.set_copies(restoring, self._following())
+        self.group = extra.group
+        self.joined = True
+        self.rebalancing = False
+        self.rebalances += 1
+        log.info(
+            "tasks assigned",
+            active=sorted(active),
+            standby=sorted(extra.standby),
+            warmup=sorted(extra.warmup),
+            probing=extra.probing_rebalance_needed,
+        )
+
+    async def _close_task(self, partition: int) -> None:
+        task = self.tasks.pop(partition)
+        if task.role is Role.ACTIVE:
+            await self._output.close_task(partition)
+        self._disk_checkpoints[partition] = task.store.changelog_offset
+        task.store.close()
+
+    def _on_restored(self, task: Task) -> None:
+        """The reader caught an active task up with its changelog: let its input flow."""
+        if self.tasks.get(task.partition) is not task or task.role is not Role.ACTIVE:
+            return
+        task.status = TaskStatus.RUNNING
+        assert self._consumer is not None
+        tp = TopicPartition(self.aggregate.commands_topic, task.partition)
+        if tp in self._consumer.assignment():
+            self._consumer.resume(tp)
+        if self.ready:
+            log.info("all active tasks running", active=self.active_partitions())
+
+    async def _probe(self) -> None:
+        """Ask for a probing rebalance once this instance's warm-ups have caught up.
+
+        The leader planned to move tasks here once their copies are current; the earliest
+        moment is when every such copy is within acceptable_recovery_lag. If that takes longer
+        than probing_rebalance_interval, probe anyway so the leader sees the progress.
+        """
+        interval = self.settings.probing_rebalance_interval_ms / 1000
+        acceptable = self.settings.acceptable_recovery_lag
+        waiting_since = time.monotonic()
+        seen_rebalances = self.rebalances
+        while not self._stopping.is_set():
+            await asyncio.sleep(0.5)
+            if self.rebalances != seen_rebalances:
+                seen_rebalances, waiting_since = self.rebalances, time.monotonic()
+            extra = self._assignment
+            if not extra.probing_rebalance_needed or self.rebalancing:
+                continue
+            warming = [t for p, t in self.tasks.items() if p in extra.warmup | extra.standby]
+            lags = [self._lag(t, t.partition) for t in warming]
+            caught_up = bool(warming) and all(lag is not None and lag <= acceptable for lag in lags)
+            if caught_up or time.monotonic() - waiting_since >= interval:
+                log.info(
+                    "requesting probing rebalance", caught_up=caught_up, warmup=sorted(extra.warmup)
+                )
+                self._request_rebalance()
+                waiting_since = time.monotonic()
+
+    def _request_rebalance(self) -> None:
+        if self._consumer is not None:
+            # aiokafka has no public "enforce rebalance"; re-joining is what it does inside.
+            self._consumer._coordinator.request_rejoin()
 
     # queries ---------------------------------------------------------------------------------
     def lookup(self, key: str) -> Lookup:
-        """Read a key's current entry if this instance hosts its partition and it is current."""
+        """Read a key's current entry if this instance runs its partition's active task."""
         raw_key = key.encode("utf-8")
         partition = partition_for(raw_key, self.settings.partitions)
         task = self.tasks.get(partition)
-        if task is None:
+        if task is None or task.role is not Role.ACTIVE:
             return Lookup(LookupStatus.NOT_HOSTED, partition)
-        if task.status is not TaskStatus.ACTIVE or self.rebalancing:
+        if task.status is not TaskStatus.RUNNING or self.rebalancing:
             return Lookup(LookupStatus.UNAVAILABLE, partition)
         raw = task.store.get(raw_key)
         if raw is None:
             return Lookup(LookupStatus.MISSING, partition)
         return Lookup(LookupStatus.FOUND, partition, decode_entry(raw))
-
-    # rebalance -------------------------------------------------------------------------------
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.rebalancing = True
-        await self._cancel_restore()
-        async with self._lock:
-            await self._commit(force=True)
-            for tp in revoked:
-                task = self.tasks.get(tp.partition)
-                if task is not None:
-                    task.status = TaskStatus.SUSPENDED
-        if revoked:
-            log.info("partitions revoked", partitions=sorted(tp.partition for tp in revoked))
-
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        keep = {tp.partition for tp in assigned}
-        async with self._lock:
-            for partition in [p for p in self.tasks if p not in keep]:
-                self.tasks.pop(partition).store.close()
-            for partition in keep:
-                task = self.tasks.get(partition)
-                if task is None:
-                    path = self.settings.store_dir / self.aggregate.name / str(partition)
-                    task = self.tasks[partition] = Task(partition, PartitionStore(path))
-                task.status = TaskStatus.RESTORING
-        if assigned:
-            assert self._consumer is not None
-            self._consumer.pause(*assigned)
-        self.joined = True
-        self.rebalancing = False
-        log.info("partitions assigned", partitions=sorted(keep))
-        if self.tasks:
-            self._restore_task = asyncio.create_task(self._restore(list(self.tasks.values())))
-
-    async def _cancel_restore(self) -> None:
-        task, self._restore_task = self._restore_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _restore(self, tasks: list[Task]) -> None:
-        """Catch every task's store up with its changelog, then let its input flow."""
-        assert self._restorer is not None and self._consumer is not None
-        try:
-            await self._restorer.restore({t.partition: t for t in tasks})
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._fail(exc)
-            return
-        topic = self.aggregate.commands_topic
-        for task in tasks:
-            task.status = TaskStatus.ACTIVE
-        assigned = self._consumer.assignment()
-        self._consumer.resume(
-            *[tp for tp in (TopicPartition(topic, t.partition) for t in tasks) if tp in assigned]
-        )
-        log.info("tasks active", partitions=sorted(t.partition for t in tasks))
 
     # processing ------------------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
@@ -287,6 +416,8 @@ class Engine:
         assert self._consumer is not None
         try:
             while not self._stopping.is_set():
+                if self._reader.failure is not None:
+                    raise self._reader.failure
                 batch = await self._consumer.getmany(
                     timeout_ms=100, max_records=self.settings.max_batch_records
                 )
@@ -303,13 +434,17 @@ class Engine:
             raise
 
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
-        assert self._consumer is not None and self._producer is not None
+        assert self._consumer is not None
         agg = self.aggregate
         window = self.settings.dedup_window
-        results: list[tuple[TopicPartition, Task, BatchResult]] = []
+        work: list[tuple[TopicPartition, Task, PartitionBatch]] = []
         for tp, records in batch.items():
             task = self.tasks.get(tp.partition)
-            if task is None or task.status is not TaskStatus.ACTIVE:
+            if (
+                task is None
+                or task.role is not Role.ACTIVE
+                or task.status is not TaskStatus.RUNNING
+            ):
                 # Fetched just before a rebalance paused it: rewind so nothing is skipped.
                 if tp in self._consumer.assignment():
                     self._consumer.seek(tp, records[0].offset)
@@ -321,64 +456,25 @@ class Engine:
                 return decode_entry(raw) if raw is not None else None
 
             inputs = [InputRecord(r.offset, r.key, r.value, r.timestamp) for r in records]
-            results.append(
-                (tp, task, process_batch(agg.aggregate, inputs, load, dedup_window=window))
-            )
-        if not results:
+            result = process_batch(agg.aggregate, inputs, load, dedup_window=window)
+            work.append((tp, task, PartitionBatch(tp.partition, result, changelog_puts(result))))
+        if not work:
             return
-        send = self._producer.send
-        acks = []
-        for tp, _task, result in results:
-            for emitted in result.emitted:
-                key = emitted.key.encode("utf-8")
-                headers = [
-                    (COMMAND_ID_HEADER, emitted.command_id.encode("utf-8")),
-                    (COMMAND_OFFSET_HEADER, str(emitted.offset).encode()),
-                ]
-                for event in emitted.events:
-                    acks.append(
-                        await send(
-                            agg.events_topic,
-                            dumps(event),
-                            key=key,
-                            partition=tp.partition,
-                            headers=headers,
-                        )
-                    )
-            for rejected in result.rejected:
-                key = rejected.key.encode("utf-8") if rejected.key is not None else None
-                acks.append(
-                    await send(
-                        agg.rejections_topic,
-                        dumps(rejected.to_value()),
-                        key=key,
-                        partition=tp.partition,
-                    )
-                )
-        if acks:
-            await asyncio.gather(*acks)
-        writes: list[tuple[Task, list[tuple[bytes, bytes]], int, list]] = []
-        for tp, task, result in results:
-            puts = [(k.encode("utf-8"), encode_entry(e)) for k, e in result.changed.items()]
-            futures = [
-                await send(agg.changelog_topic, v, key=k, partition=tp.partition) for k, v in puts
-            ]
-            writes.append((task, puts, result.last_offset, futures))
-        for task, puts, last_offset, futures in writes:
-            changelog_offset = None
-            if futures:
-                metadata = await asyncio.gather(*futures)
-                changelog_offset = max(m.offset for m in metadata)
-            task.store.write(puts, changelog_offset=changelog_offset, input_offset=last_offset)
+        await self._output.publish([b for _, _, b in work], self.settings.app_id)
         stats = self.stats
-        for tp, task, result in results:
+        for tp, task, out in work:
+            result = out.result
+            task.store.write(
+                out.puts, changelog_offset=out.changelog_offset, input_offset=result.last_offset
+            )
             count = len(batch[tp])
             task.processed += count
             stats["processed"] += count
             stats["events"] += result.event_count
             stats["rejections"] += len(result.rejected)
             stats["skipped"] += result.skipped
-            self._pending_commit[tp] = result.last_offset + 1
+            if not self._output.commits_offsets:
+                self._pending_commit[tp] = result.last_offset + 1
         stats["batches"] += 1
 
     async def _commit(self, force: bool = False) -> None:

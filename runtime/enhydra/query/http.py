@@ -74,10 +74,14 @@ def build_app(engine: Engine, instance_id: str) -> web.Application:
                 "instance": instance_id,
                 "store": store_name,
                 "ready": engine.ready,
+                "rebalances": engine.rebalances,
                 "tasks": {
                     str(p): {
+                        "role": t.role.value,
                         "status": t.status.value,
                         "processed": t.processed,
+                        "changelog_offset": t.store.changelog_offset,
+                        "lag": engine.task_lag(t),
                         "restore": t.restore,
                     }
                     for p, t in sorted(engine.tasks.items())

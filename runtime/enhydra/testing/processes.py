@@ -44,6 +44,13 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
             return exc.code, body.decode("utf-8", "replace")
 
 
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
 @dataclass
 class ServiceProcess:
     """One instance of a service started with `enhydra run TARGET`."""
@@ -81,18 +88,26 @@ class ServiceProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until /health/ready answers 200; fail with the log tail if the process died."""
+        assert self.process is not None
+        self.wait_until_ready(self.process, self.url, self.log_path, timeout)
+
+    @staticmethod
+    def wait_until_ready(
+        process: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float = 60.0
+    ) -> None:
+        """Poll `url`/health/ready of any instance process until it answers 200."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"{self.instance_id} exited early:\n{self.log_tail()}")
+            if process.poll() is not None:
+                raise RuntimeError(f"{url} exited early:\n{_tail(log_path)}")
             try:
-                status, _ = http_get(self.url + "/health/ready", timeout=2)
+                status, _ = http_get(url + "/health/ready", timeout=2)
                 if status == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"{self.instance_id} not ready after {timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(f"{url} not ready after {timeout}s:\n{_tail(log_path)}")
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait: the graceful path (flush, commit, leave the group)."""
@@ -114,10 +129,7 @@ class ServiceProcess:
             self.process.wait(10)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return _tail(self.log_path, lines)
 
     def get(self, path: str) -> tuple[int, Any]:
         return http_get(self.url + path)

@@ -1,0 +1,240 @@
+"""Read a changelog into store partitions: restore actives to the end, keep standbys following.
+
+One group-less consumer serves every local copy of a store, so an instance with many standbys
+still holds one connection. Raw bytes go straight into RocksDB write batches: reading a
+changelog never decodes values. The same reader keeps the changelog end offsets fresh, which is
+what an instance reports as its lag when it joins the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from enhydra.logs import get_logger
+from enhydra.settings import Settings
+from enhydra.stores.partition import PartitionStore
+
+log = get_logger("enhydra.changelog")
+
+PROGRESS_EVERY_S = 2.0
+END_OFFSETS_EVERY_S = 2.0
+
+
+class Copy(Protocol):
+    """A local copy of a store partition (the engine's Task)."""
+
+    partition: int
+    store: PartitionStore
+    restore: dict[str, float]
+
+
+@dataclass
+class _Restore:
+    target: int | None = None  # changelog end when the restore began; None until fetched
+    start: int = 0
+    restored: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class ChangelogReader:
+    """Restores some copies (then reports them done) and follows others indefinitely."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        on_restored: Callable[[Copy], None],
+    ) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.on_restored = on_restored
+        self.end_offsets: dict[int, int] = {}
+        self._restoring: dict[int, tuple[Copy, _Restore]] = {}
+        self._following: dict[int, Copy] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_ends = 0.0
+        self._last_report = 0.0
+        self.failure: BaseException | None = None
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=f"{settings.instance_id}-changelog",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=64 * 1024 * 1024,
+            fetch_max_wait_ms=200,
+        )
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        await self.refresh_end_offsets()
+        self._task = asyncio.create_task(self._run(), name="enhydra-changelog")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._consumer.stop()
+
+    # what to read ----------------------------------------------------------------------------
+    def set_copies(self, restoring: dict[int, Copy], following: dict[int, Copy]) -> None:
+        """Replace what is read. Takes effect before the next write: no await in between."""
+        kept = {p: pair for p, pair in self._restoring.items() if restoring.get(p) is pair[0]}
+        self._restoring = {p: kept.get(p) or (c, _Restore()) for p, c in restoring.items()}
+        self._following = dict(following)
+        wanted = [TopicPartition(self.topic, p) for p in sorted({*restoring, *following})]
+        self._consumer.assign(wanted)
+        for tp in wanted:
+            copy = restoring.get(tp.partition) or following[tp.partition]
+            self._consumer.seek(tp, copy.store.changelog_offset + 1)
+        self._changed.set()
+
+    def lag(self, partition: int, checkpoint: int) -> int | None:
+        """Changelog records a copy at `checkpoint` is missing; None when the end is unknown."""
+        end = self.end_offsets.get(partition)
+        return None if end is None else max(0, end - (checkpoint + 1))
+
+    @property
+    def restoring(self) -> list[int]:
+        return sorted(self._restoring)
+
+    async def refresh_end_offsets(self) -> None:
+        partitions = self._consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            await self._consumer._client.force_metadata_update()  # topic just created
+            partitions = self._consumer.partitions_for_topic(self.topic) or set()
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        if tps:
+            ends = await self._consumer.end_offsets(tps)
+            self.end_offsets.update({tp.partition: offset for tp, offset in ends.items()})
+        self._last_ends = time.monotonic()
+
+    # the loop --------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while True:
+                if time.monotonic() - self._last_ends >= END_OFFSETS_EVERY_S:
+                    await self.refresh_end_offsets()
+                if not self._restoring and not self._following:
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), END_OFFSETS_EVERY_S)
+                    continue
+                await self._start_pending_restores()
+                batch = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
+                self._write(batch)
+                await self._finish_restores()
+                self._report_progress()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaced to the engine, which stops the service
+            self.failure = exc
+            log.error("changelog reader failed", error=repr(exc), exc_info=exc)
+            raise
+
+    async def _start_pending_restores(self) -> None:
+        pending = [p for p, (_, r) in self._restoring.items() if r.target is None]
+        if not pending:
+            return
+        tps = [TopicPartition(self.topic, p) for p in pending]
+        ends = await self._consumer.end_offsets(tps)
+        begins = await self._consumer.beginning_offsets(tps)
+        for tp in tps:
+            pair = self._restoring.get(tp.partition)
+            if pair is None:
+                continue  # reassigned while we were asking
+            copy, progress = pair
+            self.end_offsets[tp.partition] = ends[tp]
+            start = copy.store.changelog_offset + 1
+            if start > ends[tp]:
+                # The changelog is shorter than what we hold: it was deleted and recreated (an
+                # application reset). The local copy belongs to another history; drop it.
+                log.warning(
+                    "store ahead of changelog; wiping it",
+                    partition=tp.partition,
+                    checkpoint=start - 1,
+                    changelog_end=ends[tp],
+                )
+                path = copy.store.path
+                copy.store.close()
+                PartitionStore.wipe(path)
+                copy.store = PartitionStore(path)
+                start = 0
+            start = max(start, begins[tp])
+            self._consumer.seek(tp, start)
+            progress.start, progress.target = start, ends[tp]
+            if ends[tp] > start:
+                log.info("restore started", partition=tp.partition, records=ends[tp] - start)
+
+    def _write(self, batch: dict[TopicPartition, list]) -> None:
+        for tp, records in batch.items():
+            pair = self._restoring.get(tp.partition)
+            copy = pair[0] if pair is not None else self._following.get(tp.partition)
+            if copy is None or not records:
+                continue  # no longer ours: its new owner reads it
+            if pair is not None and pair[1].target is not None:
+                records = [r for r in records if r.offset < pair[1].target]
+                if not records:
+                    continue
+            copy.store.write(
+                ((r.key, r.value) for r in records), changelog_offset=records[-1].offset
+            )
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                self.end_offsets[tp.partition] = max(
+                    highwater, self.end_offsets.get(tp.partition, 0)
+                )
+            if pair is not None:
+                pair[1].restored += len(records)
+
+    async def _finish_restores(self) -> None:
+        for partition, (copy, progress) in list(self._restoring.items()):
+            if progress.target is None:
+                continue
+            tp = TopicPartition(self.topic, partition)
+            position = await self._consumer.position(tp)
+            if self._restoring.get(partition, (None,))[0] is not copy:
+                continue  # reassigned during the await
+            copy.restore = _progress(progress, position)
+            if position < progress.target:
+                continue
+            if copy.store.changelog_offset < progress.target - 1:
+                # Trailing transaction markers or compacted gaps: the copy is current anyway.
+                copy.store.write((), changelog_offset=progress.target - 1)
+            del self._restoring[partition]
+            # Pause rather than re-assign: a new assignment would forget the other positions.
+            self._consumer.pause(tp)
+            if progress.restored:
+                log.info("restore finished", partition=partition, **copy.restore)
+            self.on_restored(copy)
+
+    def _report_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_report < PROGRESS_EVERY_S:
+            return
+        self._last_report = now
+        for partition, (copy, progress) in self._restoring.items():
+            if progress.target is not None and progress.restored:
+                log.info("restoring", partition=partition, **copy.restore)
+
+
+def _progress(progress: _Restore, position: int) -> dict[str, float]:
+    elapsed = max(time.monotonic() - progress.started, 1e-6)
+    remaining = max(0, (progress.target or 0) - position)
+    rate = progress.restored / elapsed
+    return {
+        "restored": progress.restored,
+        "remaining": remaining,
+        "rate": round(rate, 1),
+        "eta_s": round(remaining / rate, 1) if rate > 0 else 0.0,
+    }
