@@ -6,7 +6,9 @@ wrong store partition, so a mismatch is a start-up error naming the topic, never
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -47,24 +49,36 @@ async def partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict
 
 
 async def ensure_topics(
-    bootstrap: str, specs: list[TopicSpec], *, client_id: str = "enhydra"
+    bootstrap: str, specs: list[TopicSpec], *, client_id: str = "enhydra", timeout: float = 30.0
 ) -> None:
-    """Create missing topics; verify existing ones have the expected partition count."""
+    """Create missing topics; verify existing ones have the expected partition count.
+
+    Several instances may start at once and race to create the same topics; metadata of a
+    topic just created takes a moment to show, so this retries until every topic is visible.
+    """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id)
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
-        missing = [s for s in specs if s.name not in existing]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):  # another instance was first
-                await admin.create_topics([s.new_topic() for s in missing])
-            for spec in missing:
-                log.info("topic created", topic=spec.name, partitions=spec.partitions)
-        counts = await partition_counts(admin, [s.name for s in specs])
+        deadline = time.monotonic() + timeout
+        created: set[str] = set()
+        while True:
+            existing = set(await admin.list_topics())
+            missing = [s for s in specs if s.name not in existing and s.name not in created]
+            if missing:
+                with contextlib.suppress(TopicAlreadyExistsError):  # another instance was first
+                    await admin.create_topics([s.new_topic() for s in missing])
+                for spec in missing:
+                    created.add(spec.name)
+                    log.info("topic created", topic=spec.name, partitions=spec.partitions)
+            counts = await partition_counts(admin, [s.name for s in specs])
+            absent = [s.name for s in specs if s.name not in counts]
+            if not absent:
+                break
+            if time.monotonic() > deadline:
+                raise TopicError(f"topics {absent} could not be created or described")
+            await asyncio.sleep(0.3)
         for spec in specs:
-            found = counts.get(spec.name)
-            if found is None:
-                raise TopicError(f"topic {spec.name!r} could not be created or described")
+            found = counts[spec.name]
             if found != spec.partitions:
                 raise TopicError(
                     f"topic {spec.name!r} has {found} partitions but the service expects "
