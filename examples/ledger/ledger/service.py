@@ -13,4 +13,6 @@ service = Service(
     accounts,
     partitions=4,
     web_port=6066,
+    # a warm copy of every task on another instance: failover without a full restore
+    num_standby_replicas=1,
 )

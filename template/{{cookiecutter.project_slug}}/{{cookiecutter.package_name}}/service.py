@@ -13,4 +13,6 @@ service = Service(
     items,
     partitions={{ cookiecutter.partitions }},
     web_port={{ cookiecutter.web_port }},
+    # a warm copy of every task on another instance: failover without a full restore
+    num_standby_replicas=1,
 )
