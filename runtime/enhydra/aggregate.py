@@ -22,6 +22,15 @@ Decide = Callable[[State, Command], Sequence[Event]]
 Apply = Callable[[State, Event], State]
 
 
+class InvalidCommand(ValueError):
+    """The record is not a well-formed command: not JSON, no key or id, wrong fields or types.
+
+    Raised by the runtime while reading a record and by an aggregate's `parse`; it goes to the
+    deserialization error policy (e.g. the dead-letter queue), not to the rejections topic,
+    because it is a bug in the sender rather than an answer to give.
+    """
+
+
 class Rejection(Exception):
     """Raised by `decide` when a command breaks a business rule.
 
@@ -49,6 +58,9 @@ class Aggregate:
     events_topic: str | None = None
     rejections_topic: str | None = None
     command_id_field: str = "command_id"
+    # Checks a decoded command's shape (fields, types, known type) and may normalise it;
+    # raises InvalidCommand. decide then only deals with well-formed commands.
+    parse: Callable[[Command], Command] | None = None
     initial_state: State = None
     description: str = field(default="", compare=False)
 

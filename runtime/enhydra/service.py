@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -18,14 +19,21 @@ from faust.app.base import BootStrategy
 from mode import Service as ModeService
 
 from enhydra.aggregate import Aggregate
+from enhydra.control.channel import SHUTDOWN_APPLICATION, ControlChannel
+from enhydra.errors.policies import ErrorPolicies, Handler, UncaughtPolicy
+from enhydra.errors.uncaught import (
+    EXIT_SHUTDOWN_APPLICATION,
+    EXIT_SHUTDOWN_CLIENT,
+    RestartBudget,
+    UncaughtDecider,
+    UncaughtHandler,
+)
 from enhydra.logs import configure_logging, get_logger
 from enhydra.processing.engine import Engine
 from enhydra.query.http import build_app
 from enhydra.settings import Settings
 
 log = get_logger("enhydra.service")
-
-EXIT_FAILURE = 1
 
 
 class _BootStrategy(BootStrategy):
@@ -37,16 +45,76 @@ class _App(faust.App):
     BootStrategy = _BootStrategy
 
 
-class _EngineService(ModeService):
-    """Starts the engine with the app and stops it (gracefully) with the app."""
+class _Supervisor(ModeService):
+    """Runs the engine under the uncaught-exception policy, and listens to the control topic.
 
-    engine: Engine
+    The engine is replaced, not restarted in place: a fresh one rejoins the group and restores
+    from its local checkpoints, so no half-updated in-memory state survives a crash.
+    """
+
+    owner: Service
 
     async def on_start(self) -> None:
-        await self.engine.start()
+        svc = self.owner
+        s = svc.settings
+        self._handling: list[asyncio.Future[None]] = []
+        self.decider = UncaughtDecider(
+            svc.on_uncaught_error or s.uncaught_exception_handler,
+            RestartBudget(s.max_worker_replacements, s.worker_replacement_window_s),
+            UncaughtPolicy(s.uncaught_escalation),
+        )
+        engine = svc.new_engine()
+        engine.on_failure = self._on_failure
+        svc.engine = engine
+        await engine.start()  # creates the topics, the control topic among them
+        self.control = ControlChannel(
+            s.bootstrap_servers, s.app_id, s.instance_id, self._on_control
+        )
+        await self.control.start()
 
     async def on_stop(self) -> None:
-        await self.engine.stop()
+        if self.owner.engine is not None:
+            await self.owner.engine.stop()
+        if getattr(self, "control", None) is not None:
+            await self.control.stop()
+
+    def _on_failure(self, error: BaseException) -> None:
+        self._handling.append(asyncio.ensure_future(self._handle(error)))
+
+    async def _handle(self, error: BaseException) -> None:
+        svc = self.owner
+        policy = self.decider.decide(error)
+        log.error(
+            "stream worker died",
+            error=f"{type(error).__name__}: {error}",
+            policy=policy.upper(),
+            replacements=self.decider.budget.used,
+            max_replacements=self.decider.budget.max_restarts,
+        )
+        if policy is UncaughtPolicy.REPLACE_WORKER:
+            old = svc.engine
+            if old is not None:
+                await old.stop()
+            engine = svc.new_engine()
+            engine.on_failure = self._on_failure
+            svc.engine = engine
+            await engine.start()
+            log.warning("stream worker replaced", replacements=self.decider.budget.used)
+            return
+        if policy is UncaughtPolicy.SHUTDOWN_APPLICATION:
+            await self.control.send(SHUTDOWN_APPLICATION, reason=f"{type(error).__name__}: {error}")
+            svc.shutdown(EXIT_SHUTDOWN_APPLICATION, "shutting down the whole application")
+            return
+        svc.shutdown(EXIT_SHUTDOWN_CLIENT, "shutting down this instance")
+
+    async def _on_control(self, message: dict[str, Any]) -> None:
+        if message.get("type") == SHUTDOWN_APPLICATION:
+            self.owner.shutdown(
+                EXIT_SHUTDOWN_APPLICATION,
+                "application shutdown requested",
+                requested_by=message.get("origin"),
+                reason=message.get("reason"),
+            )
 
 
 class _WebService(ModeService):
@@ -78,12 +146,28 @@ class Service:
     them when the service starts, so one image runs anywhere.
     """
 
-    def __init__(self, app_id: str, aggregate: Aggregate, **settings: Any) -> None:
+    def __init__(
+        self,
+        app_id: str,
+        aggregate: Aggregate,
+        *,
+        transient_errors: tuple[type[BaseException], ...] = (),
+        on_deserialization_error: Handler | None = None,
+        on_processing_error: Handler | None = None,
+        on_production_error: Handler | None = None,
+        on_uncaught_error: UncaughtHandler | None = None,
+        **settings: Any,
+    ) -> None:
         self.aggregate = aggregate
+        self.transient_errors = tuple(transient_errors)
+        self._handlers = (on_deserialization_error, on_processing_error, on_production_error)
+        self.on_uncaught_error = on_uncaught_error
         self._defaults = {"app_id": app_id, **settings}
         self._settings: Settings | None = None
         self.engine: Engine | None = None
         self.app: faust.App | None = None
+        self.exit_code = 0
+        self._stop_worker: Callable[[], None] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -96,11 +180,34 @@ class Service:
     def bound(self):
         return self.aggregate.bind(self.settings.app_id)
 
+    @property
+    def policies(self) -> ErrorPolicies:
+        """Record-level error policies: callables given in code win over settings."""
+        s = self.settings
+        given = self._handlers
+        return ErrorPolicies(
+            given[0] or s.deserialization_exception_handler,
+            given[1] or s.processing_exception_handler,
+            given[2] or s.production_exception_handler,
+        )
+
+    def new_engine(self) -> Engine:
+        return Engine(
+            self.settings, self.bound, policies=self.policies, transient=self.transient_errors
+        )
+
+    def shutdown(self, exit_code: int, message: str, **context: Any) -> None:
+        """Stop this instance cleanly with `exit_code` (the first reason given wins)."""
+        if self.exit_code == 0:
+            self.exit_code = exit_code
+        log.warning(message, exit_code=exit_code, **context)
+        if self._stop_worker is not None:
+            self._stop_worker()
+
     def build(self) -> faust.App:
-        """Create the faust App with the engine and the web server attached."""
+        """Create the faust App with the supervised engine and the web server attached."""
         s = self.settings
         s.store_dir.mkdir(parents=True, exist_ok=True)
-        engine = self.engine = Engine(s, self.bound)
         app = _App(
             s.app_id,
             broker=f"kafka://{s.bootstrap_servers}",
@@ -111,15 +218,14 @@ class Service:
             canonical_url=s.advertised_url,
             topic_partitions=s.partitions,
         )
-        app.web_server(_WebService(build_app(engine, s.instance_id), s.web_host, s.web_port))
-        app.service(
-            type("EnhydraEngine", (_EngineService,), {"engine": engine, "__module__": __name__})
-        )
+        web_app = build_app(lambda: self.engine, s.instance_id, self.aggregate.name)
+        app.web_server(_WebService(web_app, s.web_host, s.web_port))
+        app.service(type("Enhydra", (_Supervisor,), {"owner": self, "__module__": __name__}))
         self.app = app
         return app
 
     def run(self) -> None:
-        """Run a worker until SIGTERM/SIGINT; exit non-zero if processing failed."""
+        """Run a worker until SIGTERM/SIGINT or a shutdown policy; exit with its code."""
         s = self.settings
         configure_logging(
             fmt=s.log_format,
@@ -129,14 +235,8 @@ class Service:
         app = self.build()
         worker = faust.Worker(app, quiet=True, loglevel=s.log_level.upper(), override_logging=False)
         worker.spinner = None  # it writes terminal escapes into the JSON log stream
-        assert self.engine is not None
-
         stopping: list[asyncio.Future[None]] = []
-
-        def stop_on_failure(_exc: BaseException) -> None:
-            stopping.append(asyncio.ensure_future(worker.stop()))
-
-        self.engine.on_failure = stop_on_failure
+        self._stop_worker = lambda: stopping.append(asyncio.ensure_future(worker.stop()))
         log.info(
             "starting",
             app_id=s.app_id,
@@ -150,8 +250,7 @@ class Service:
         try:
             worker.execute_from_commandline()
         except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else EXIT_FAILURE
-        if self.engine.failure is not None:
-            code = EXIT_FAILURE
+            code = exit_.code if isinstance(exit_.code, int) else EXIT_SHUTDOWN_CLIENT
+        code = self.exit_code or code
         log.info("stopped", exit_code=code)
         sys.exit(code)

@@ -154,10 +154,29 @@ class Settings:
     max_warmup_replicas: int = _env(_positive_int, 2)
     probing_rebalance_interval_ms: int = _env(_positive_int, 600_000)
     rack_aware_assignment_tags: tuple[str, ...] = _env(_names, ())
+    deserialization_exception_handler: str = _env(
+        _choice("log_and_continue", "log_and_fail", "dlq"), "log_and_fail"
+    )
+    processing_exception_handler: str = _env(_choice("dlq", "fail"), "fail")
+    production_exception_handler: str = _env(_choice("fail", "continue", "dlq"), "fail")
+    uncaught_exception_handler: str = _env(
+        _choice("replace_worker", "shutdown_client", "shutdown_application"), "shutdown_client"
+    )
+    uncaught_escalation: str = _env(
+        _choice("shutdown_client", "shutdown_application"), "shutdown_client"
+    )
+    max_worker_replacements: int = _env(_positive_int, 3)
+    worker_replacement_window_s: int = _env(_positive_int, 300)
+    task_timeout_ms: int = _env(_positive_int, 300_000)
+    retry_backoff_ms: int = _env(_positive_int, 100)
+    dlq_topic: str = _env(_text, "")
+    max_output_bytes: int = _env(_positive_int, 1_000_000)
 
     def __post_init__(self) -> None:
         if not self.instance_id:
             object.__setattr__(self, "instance_id", f"{socket.gethostname()}-{os.getpid()}")
+        if not self.dlq_topic:
+            object.__setattr__(self, "dlq_topic", f"{self.app_id}-dlq")
         if not self.advertised_url:
             host = "127.0.0.1" if self.web_host in ("0.0.0.0", "::") else self.web_host
             object.__setattr__(self, "advertised_url", f"http://{host}:{self.web_port}")

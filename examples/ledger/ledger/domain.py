@@ -14,26 +14,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from enhydra import Aggregate, Rejection
+from enhydra import Aggregate, InvalidCommand, Rejection
 
 COMMAND_TYPES = ("open", "deposit", "withdraw", "close")
 
 
-def _amount(command: dict[str, Any]) -> int:
-    amount = command.get("amount")
-    if isinstance(amount, bool) or not isinstance(amount, int):
-        raise Rejection("amount must be a whole number")
-    if amount <= 0:
-        raise Rejection("amount must be greater than 0")
-    return amount
+def parse(command: dict[str, Any]) -> dict[str, Any]:
+    """The command's shape: a known type, an account, a positive whole amount where needed.
 
-
-def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[str, Any]]:
-    """Validate a command against the account and say what happened."""
+    A malformed command is a sender's bug, not a business answer: the service sends it to the
+    dead-letter queue (InvalidCommand) instead of publishing a rejection.
+    """
     kind = command.get("type")
     if kind not in COMMAND_TYPES:
         expected = ", ".join(COMMAND_TYPES)
-        raise Rejection(f"unknown command type {kind!r}; expected one of {expected}")
+        raise InvalidCommand(f"unknown command type {kind!r}; expected one of {expected}")
+    account = command.get("account")
+    if not isinstance(account, str) or not account:
+        raise InvalidCommand("account must be a non-empty string")
+    if kind in ("deposit", "withdraw"):
+        amount = command.get("amount")
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise InvalidCommand(f"amount must be a whole number, got {amount!r}")
+        if amount <= 0:
+            raise InvalidCommand(f"amount must be greater than 0, got {amount}")
+    return command
+
+
+def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[str, Any]]:
+    """Check a well-formed command against the account and say what happened."""
+    kind = command["type"]
     if kind == "open":
         if state is not None:
             raise Rejection("account already exists")
@@ -41,9 +51,9 @@ def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[s
     if state is None or state["status"] != "open":
         raise Rejection("account is not open")
     if kind == "deposit":
-        return [{"type": "deposited", "amount": _amount(command)}]
+        return [{"type": "deposited", "amount": command["amount"]}]
     if kind == "withdraw":
-        amount = _amount(command)
+        amount = command["amount"]
         if amount > state["balance"]:
             raise Rejection(f"insufficient funds: balance {state['balance']}, asked {amount}")
         return [{"type": "withdrawn", "amount": amount}]
@@ -73,5 +83,6 @@ accounts = Aggregate(
     name="accounts",
     decide=decide,
     apply=apply,
+    parse=parse,
     description="Bank accounts: balance, status and the number of events applied.",
 )

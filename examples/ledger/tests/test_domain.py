@@ -35,12 +35,7 @@ def test_open_deposit_withdraw_close(driver: Driver) -> None:
     ("command", "reason"),
     [
         (cmd("x", "withdraw", 1), "insufficient funds: balance 0, asked 1"),
-        (cmd("x", "deposit", 0), "amount must be greater than 0"),
-        (cmd("x", "deposit", -5), "amount must be greater than 0"),
-        (cmd("x", "deposit", "5"), "amount must be a whole number"),
-        (cmd("x", "deposit"), "amount must be a whole number"),
         (cmd("x", "open"), "account already exists"),
-        (cmd("x", "refund", 5), "unknown command type 'refund'"),
     ],
 )
 def test_rejections_leave_state_alone(driver: Driver, command: dict, reason: str) -> None:
@@ -49,6 +44,27 @@ def test_rejections_leave_state_alone(driver: Driver, command: dict, reason: str
     assert outcome.rejection is not None and outcome.rejection.startswith(reason)
     assert driver.state("a") == {"balance": 0, "status": "open", "version": 1}
     assert driver.rejections[-1]["command_id"] == "x"
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (cmd("x", "deposit", 0), "amount must be greater than 0, got 0"),
+        (cmd("x", "deposit", -5), "amount must be greater than 0, got -5"),
+        (cmd("x", "deposit", "5"), "amount must be a whole number, got '5'"),
+        (cmd("x", "deposit"), "amount must be a whole number, got None"),
+        (cmd("x", "refund", 5), "unknown command type 'refund'"),
+        ({"command_id": "x", "type": "open"}, "account must be a non-empty string"),
+    ],
+)
+def test_malformed_commands_are_failures_for_the_dead_letter_queue(
+    driver: Driver, command: dict, reason: str
+) -> None:
+    outcome = driver.send("a", command)
+    assert outcome.failure is not None and outcome.failure.stage == "deserialize"
+    assert str(outcome.failure.error).startswith(reason)
+    assert outcome.rejection is None and driver.rejections == []
+    assert driver.state("a") == {"balance": 0, "status": "open", "version": 1}
 
 
 def test_commands_need_an_open_account() -> None:
@@ -76,15 +92,15 @@ def test_rejected_command_may_be_retried_with_the_same_id(driver: Driver) -> Non
     assert driver.send("a", cmd("w", "withdraw", 5)).accepted
 
 
-def test_unreadable_commands_are_rejected_with_a_reason() -> None:
+def test_unreadable_records_are_failures_with_a_reason() -> None:
     d = Driver(accounts)
-    outcome = d.send("a", b"{not json")
-    assert outcome.rejection.startswith("invalid command: value is not valid JSON")
-    assert d.send("a", b"[1, 2]").rejection == "invalid command: command must be a JSON object"
-    assert d.send("a", {"type": "open"}).rejection == (
-        "invalid command: command has no 'command_id' (a non-empty string)"
+    reasons = [str(d.send("a", raw).failure.error) for raw in (b"{not json", b"[1, 2]")]
+    assert reasons[0].startswith("value is not valid JSON")
+    assert reasons[1] == "command must be a JSON object"
+    assert str(d.send("a", {"type": "open"}).failure.error) == (
+        "command has no 'command_id' (a non-empty string)"
     )
-    assert d.rejections[0]["command"] == "{not json"
+    assert all(f.stage == "deserialize" for f in d.failures)
 
 
 def test_state_is_the_fold_of_the_events(driver: Driver) -> None:

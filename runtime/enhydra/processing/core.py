@@ -13,13 +13,14 @@ effectively-once under at-least-once delivery:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from enhydra.aggregate import Aggregate, Event, Rejection, State
+from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection, State
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class InputRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(slots=True)
@@ -54,6 +56,30 @@ class EmittedEvents:
     command_id: str
     offset: int
     events: list[Event]
+    payloads: list[bytes] = field(default_factory=list)  # the events, serialized
+
+
+class Stage(StrEnum):
+    """Where a record failed: reading it, running decide/apply, or serializing its outputs."""
+
+    DESERIALIZE = "deserialize"
+    PROCESS = "process"
+    PRODUCE = "produce"
+
+
+@dataclass(slots=True)
+class Failure:
+    """A record that could not be processed, and why; the error policies decide its fate."""
+
+    record: InputRecord
+    stage: Stage
+    error: BaseException
+    key: str | None = None
+    attempts: int = 1
+
+
+class OutputTooLarge(ValueError):
+    """An output record is bigger than the broker would accept."""
 
 
 @dataclass(slots=True)
@@ -79,21 +105,20 @@ class BatchResult:
     emitted: list[EmittedEvents] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     changed: dict[str, Entry] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    # A transient error stopped the batch at this record; it is retried after a backoff.
+    interrupted: Failure | None = None
     skipped: int = 0
-    last_offset: int = -1
+    last_offset: int = -1  # the last record handled; the next to read is last_offset + 1
 
     @property
     def event_count(self) -> int:
         return sum(len(e.events) for e in self.emitted)
 
 
-class InvalidCommand(ValueError):
-    """The record cannot be read as a command at all (not JSON, no key, no command id)."""
-
-
 def parse_command(record: InputRecord, id_field: str) -> tuple[str, str, dict[str, Any]]:
     """Return (key, command id, command) or raise InvalidCommand with a readable reason."""
-    if record.key is None:
+    if not record.key:
         raise InvalidCommand("record has no key (commands must be keyed by aggregate id)")
     try:
         key = record.key.decode("utf-8")
@@ -113,41 +138,41 @@ def parse_command(record: InputRecord, id_field: str) -> tuple[str, str, dict[st
     return key, command_id, command
 
 
-def _raw_command(record: InputRecord) -> Any:
-    if record.value is None:
-        return None
-    try:
-        return orjson.loads(record.value)
-    except orjson.JSONDecodeError:
-        return record.value.decode("utf-8", "replace")
-
-
 def process_batch(
     aggregate: Aggregate,
     records: Iterable[InputRecord],
     load: Callable[[str], Entry | None],
     *,
     dedup_window: int = 100,
+    transient: tuple[type[BaseException], ...] = (),
+    give_up: Mapping[int, int] | None = None,
+    max_output_bytes: int = 1_000_000,
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
     `load` reads a key's entry as of before this batch; keys changed earlier in the batch are
-    served from the batch itself, so one key may be updated many times per batch.
+    served from the batch itself, so one key may be updated many times per batch. A record
+    that fails leaves its key's state untouched and is reported in `failures`; later records
+    of the same key are processed as if it never came. An error of a `transient` type stops
+    the batch at that record (`interrupted`) so it can be retried, unless its offset is in
+    `give_up` (offset -> attempts made), which makes it an ordinary failure.
     """
     result = BatchResult()
     changed = result.changed
     decide = aggregate.decide
     apply = aggregate.apply
+    parse = aggregate.parse
     id_field = aggregate.command_id_field
+    give_up = give_up or {}
     for record in records:
         result.last_offset = record.offset
         try:
             key, command_id, command = parse_command(record, id_field)
+            if parse is not None:
+                command = parse(command)
         except InvalidCommand as exc:
-            key = record.key.decode("utf-8", "replace") if record.key is not None else None
-            result.rejected.append(
-                Rejected(key, None, record.offset, f"invalid command: {exc}", _raw_command(record))
-            )
+            key = record.key.decode("utf-8", "replace") if record.key else None
+            result.failures.append(Failure(record, Stage.DESERIALIZE, exc, key))
             continue
         entry = changed.get(key)
         if entry is None:
@@ -163,18 +188,36 @@ def process_batch(
         state = entry.state if entry is not None else aggregate.initial_state
         try:
             events = list(decide(state, command))
+            for event in events:
+                state = apply(state, event)
         except Rejection as rejection:
             result.rejected.append(
                 Rejected(key, command_id, record.offset, rejection.reason, command)
             )
             continue
+        except Exception as exc:
+            if isinstance(exc, transient) and record.offset not in give_up:
+                result.interrupted = Failure(record, Stage.PROCESS, exc, key)
+                result.last_offset = record.offset - 1
+                break
+            attempts = give_up.get(record.offset, 0) + 1
+            result.failures.append(Failure(record, Stage.PROCESS, exc, key, attempts))
+            continue
         if not events:
             continue
-        for event in events:
-            state = apply(state, event)
+        try:
+            payloads = [orjson.dumps(event) for event in events]
+            too_big = [len(p) for p in payloads if len(p) > max_output_bytes]
+            if too_big:
+                raise OutputTooLarge(
+                    f"event of {too_big[0]} bytes exceeds the {max_output_bytes}-byte limit"
+                )
+        except (TypeError, OutputTooLarge) as exc:  # orjson raises TypeError for non-JSON
+            result.failures.append(Failure(record, Stage.PRODUCE, exc, key))
+            continue
         ids = entry.command_ids if entry is not None else []
         if dedup_window:
             ids = [*ids[-(dedup_window - 1) :], command_id] if dedup_window > 1 else [command_id]
         changed[key] = Entry(state=state, offset=record.offset, command_ids=ids)
-        result.emitted.append(EmittedEvents(key, command_id, record.offset, events))
+        result.emitted.append(EmittedEvents(key, command_id, record.offset, events, payloads))
     return result

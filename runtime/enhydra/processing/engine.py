@@ -31,8 +31,11 @@ from aiokafka.partitioner import murmur2
 from enhydra.aggregate import BoundAggregate
 from enhydra.assignment import AssignmentConfig
 from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport, TaskAssignor
+from enhydra.control.channel import control_topic_spec
+from enhydra.errors.dlq import dead_letter_headers
+from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
 from enhydra.logs import get_logger
-from enhydra.processing.core import Entry, InputRecord, decode_entry, process_batch
+from enhydra.processing.core import Entry, Failure, InputRecord, decode_entry, process_batch
 from enhydra.processing.output import (
     AtLeastOnceOutput,
     ExactlyOnceOutput,
@@ -40,6 +43,7 @@ from enhydra.processing.output import (
     changelog_puts,
     make_output,
 )
+from enhydra.processing.retries import RetryTracker
 from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
@@ -105,9 +109,26 @@ class _Listener(ConsumerRebalanceListener):
 class Engine:
     """Runs one aggregate for one instance; several instances share the work through the group."""
 
-    def __init__(self, settings: Settings, aggregate: BoundAggregate) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        aggregate: BoundAggregate,
+        *,
+        policies: ErrorPolicies | None = None,
+        transient: tuple[type[BaseException], ...] = (),
+    ) -> None:
         self.settings = settings
         self.aggregate = aggregate
+        self.policies = policies or ErrorPolicies(
+            settings.deserialization_exception_handler,
+            settings.processing_exception_handler,
+            settings.production_exception_handler,
+        )
+        self.transient = transient
+        self.failures: dict[str, int] = {}  # "stage:ErrorClass" -> records that failed
+        self._retries = RetryTracker(
+            settings.retry_backoff_ms / 1000, settings.task_timeout_ms / 1000
+        )
         self.tasks: dict[int, Task] = {}
         self.group = GroupMap()
         self.joined = False
@@ -143,6 +164,8 @@ class Engine:
             TopicSpec(a.events_topic, s.partitions, rf),
             TopicSpec(a.rejections_topic, s.partitions, rf),
             TopicSpec(a.changelog_topic, s.partitions, rf, compacted=True),
+            *([TopicSpec(s.dlq_topic, s.partitions, rf)] if self.policies.uses_dlq() else []),
+            control_topic_spec(s.app_id, rf),
         ]
 
     async def start(self) -> None:
@@ -436,7 +459,7 @@ class Engine:
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
         assert self._consumer is not None
         agg = self.aggregate
-        window = self.settings.dedup_window
+        s = self.settings
         work: list[tuple[TopicPartition, Task, PartitionBatch]] = []
         for tp, records in batch.items():
             task = self.tasks.get(tp.partition)
@@ -455,27 +478,124 @@ class Engine:
                 raw = store.get(key.encode("utf-8"))
                 return decode_entry(raw) if raw is not None else None
 
-            inputs = [InputRecord(r.offset, r.key, r.value, r.timestamp) for r in records]
-            result = process_batch(agg.aggregate, inputs, load, dedup_window=window)
-            work.append((tp, task, PartitionBatch(tp.partition, result, changelog_puts(result))))
+            inputs = [
+                InputRecord(r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
+                for r in records
+            ]
+            result = process_batch(
+                agg.aggregate,
+                inputs,
+                load,
+                dedup_window=s.dedup_window,
+                transient=self.transient,
+                give_up=self._retries.give_up(tp.partition),
+                max_output_bytes=s.max_output_bytes,
+            )
+            out = PartitionBatch(tp.partition, result, changelog_puts(result))
+            out.dead_letters = self._handle_failures(tp, result.failures)
+            if result.interrupted is not None:
+                self._retry_later(tp, result.interrupted)
+            work.append((tp, task, out))
         if not work:
             return
-        await self._output.publish([b for _, _, b in work], self.settings.app_id)
+        await self._with_retries("publish", self._output.publish, [b for _, _, b in work], s.app_id)
         stats = self.stats
         for tp, task, out in work:
             result = out.result
             task.store.write(
                 out.puts, changelog_offset=out.changelog_offset, input_offset=result.last_offset
             )
-            count = len(batch[tp])
+            count = result.last_offset - batch[tp][0].offset + 1
             task.processed += count
             stats["processed"] += count
             stats["events"] += result.event_count
             stats["rejections"] += len(result.rejected)
             stats["skipped"] += result.skipped
-            if not self._output.commits_offsets:
+            for failure in result.failures:
+                self._retries.forget(tp.partition, failure.record.offset)
+                key = f"{failure.stage}:{type(failure.error).__name__}"
+                self.failures[key] = self.failures.get(key, 0) + 1
+            if not self._output.commits_offsets and result.last_offset >= batch[tp][0].offset:
                 self._pending_commit[tp] = result.last_offset + 1
         stats["batches"] += 1
+
+    def _handle_failures(self, tp: TopicPartition, failures: list[Failure]) -> list:
+        """Apply each failure's policy: dead letters to publish, a log line, or stop."""
+        letters = []
+        for failure in failures:
+            action = self.policies.action(failure)
+            context = {
+                "stage": str(failure.stage),
+                "partition": tp.partition,
+                "offset": failure.record.offset,
+                "key": failure.key,
+                "error": f"{type(failure.error).__name__}: {failure.error}",
+                "attempts": failure.attempts,
+            }
+            if fails(action):
+                log.error("record failed; stopping the worker", action=str(action), **context)
+                raise RecordFailed(failure, tp.topic, tp.partition)
+            if action is ErrorAction.DLQ:
+                headers = dead_letter_headers(
+                    failure,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    app_id=self.settings.app_id,
+                    instance_id=self.settings.instance_id,
+                )
+                letters.append(
+                    (self.settings.dlq_topic, failure.record.key, failure.record.value, headers)
+                )
+                log.warning(
+                    "record sent to the dead-letter queue", dlq=self.settings.dlq_topic, **context
+                )
+            else:
+                log.warning("record skipped", action=str(action), **context)
+        return letters
+
+    def _retry_later(self, tp: TopicPartition, failure: Failure) -> None:
+        """A transient error: rewind to the record and pause the partition for a backoff."""
+        assert self._consumer is not None
+        attempts, backoff = self._retries.record(tp.partition, failure.record.offset)
+        log.warning(
+            "transient error; retrying after backoff",
+            partition=tp.partition,
+            offset=failure.record.offset,
+            error=f"{type(failure.error).__name__}: {failure.error}",
+            attempts=attempts,
+            backoff_ms=round(backoff * 1000),
+        )
+        self._consumer.seek(tp, failure.record.offset)
+        self._consumer.pause(tp)
+        loop = asyncio.get_running_loop()
+        loop.call_later(backoff, self._resume_after_backoff, tp)
+
+    def _resume_after_backoff(self, tp: TopicPartition) -> None:
+        task = self.tasks.get(tp.partition)
+        if (
+            self._consumer is not None
+            and not self._stopping.is_set()
+            and task is not None
+            and task.role is Role.ACTIVE
+            and task.status is TaskStatus.RUNNING
+            and tp in self._consumer.assignment()
+        ):
+            self._consumer.resume(tp)
+
+    async def _with_retries(self, what: str, call, *args, timeout: float | None = None):
+        """Retry Kafka operations that fail with a retriable error until task_timeout (KIP-572)."""
+        limit = self.settings.task_timeout_ms / 1000 if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        backoff = self.settings.retry_backoff_ms / 1000
+        while True:
+            try:
+                return await call(*args)
+            except KafkaError as exc:
+                if not getattr(exc, "retriable", False) or time.monotonic() + backoff > deadline:
+                    raise
+                log.warning(f"{what} timed out; retrying", error=repr(exc), backoff_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     async def _commit(self, force: bool = False) -> None:
         """Commit processed input offsets, at most every commit_interval_ms unless forced."""
@@ -486,7 +606,8 @@ class Engine:
             return
         offsets, self._pending_commit = self._pending_commit, {}
         try:
-            await self._consumer.commit(offsets)
+            # A failed commit only costs redelivery (skipped on arrival): never wait long for it.
+            await self._with_retries("commit", self._consumer.commit, offsets, timeout=5.0)
             self._last_commit = now
         except (CommitFailedError, IllegalStateError, KafkaError) as exc:
             # The records will be redelivered to the next owner, which skips what its

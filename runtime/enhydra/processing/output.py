@@ -13,7 +13,7 @@ Events, rejections, changelog records and the input offset commit succeed or fai
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -41,6 +41,7 @@ class PartitionBatch:
     partition: int
     result: BatchResult
     puts: list[tuple[bytes, bytes]]
+    dead_letters: list[Record] = field(default_factory=list)
     changelog_offset: int | None = None
 
 
@@ -53,11 +54,16 @@ def output_records(agg: BoundAggregate, result: BatchResult) -> list[Record]:
             (COMMAND_ID_HEADER, emitted.command_id.encode("utf-8")),
             (COMMAND_OFFSET_HEADER, str(emitted.offset).encode()),
         ]
-        records.extend((agg.events_topic, key, dumps(e), headers) for e in emitted.events)
+        records.extend((agg.events_topic, key, payload, headers) for payload in emitted.payloads)
     for rejected in result.rejected:
         key = rejected.key.encode("utf-8") if rejected.key is not None else None
         records.append((agg.rejections_topic, key, dumps(rejected.to_value()), None))
     return records
+
+
+def batch_records(agg: BoundAggregate, batch: PartitionBatch) -> list[Record]:
+    """Everything a partition's batch publishes before its changelog: outputs, dead letters."""
+    return [*output_records(agg, batch.result), *batch.dead_letters]
 
 
 def changelog_puts(result: BatchResult) -> list[tuple[bytes, bytes]]:
@@ -101,7 +107,7 @@ class AtLeastOnceOutput:
         send = self._producer.send
         acks = []
         for batch in batches:
-            for topic, key, value, headers in output_records(self.agg, batch.result):
+            for topic, key, value, headers in batch_records(self.agg, batch):
                 acks.append(
                     await send(topic, value, key=key, partition=batch.partition, headers=headers)
                 )
@@ -159,7 +165,7 @@ class ExactlyOnceOutput:
     async def _publish_one(self, batch: PartitionBatch, group_id: str) -> None:
         producer = self._producers[batch.partition]
         async with producer.transaction():
-            for topic, key, value, headers in output_records(self.agg, batch.result):
+            for topic, key, value, headers in batch_records(self.agg, batch):
                 await producer.send(
                     topic, value, key=key, partition=batch.partition, headers=headers
                 )
@@ -167,10 +173,11 @@ class ExactlyOnceOutput:
                 await producer.send(self.agg.changelog_topic, v, key=k, partition=batch.partition)
                 for k, v in batch.puts
             ]
-            tp = TopicPartition(self.agg.commands_topic, batch.partition)
-            await producer.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(batch.result.last_offset + 1, "")}, group_id
-            )
+            if batch.result.last_offset >= 0:
+                tp = TopicPartition(self.agg.commands_topic, batch.partition)
+                await producer.send_offsets_to_transaction(
+                    {tp: OffsetAndMetadata(batch.result.last_offset + 1, "")}, group_id
+                )
         if futures:
             batch.changelog_offset = max(m.offset for m in await asyncio.gather(*futures))
 

@@ -6,6 +6,7 @@ partition being restored or rebalanced answers 503 with Retry-After).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,15 +29,27 @@ def _error(status: int, reason: str, **extra: Any) -> web.Response:
     return _json({"error": reason, **extra}, status, headers)
 
 
-def build_app(engine: Engine, instance_id: str) -> web.Application:
-    store_name = engine.aggregate.name
+def build_app(
+    get_engine: Callable[[], Engine | None], instance_id: str, store_name: str
+) -> web.Application:
+    """Routes over whichever engine currently runs (it is replaced after a crash)."""
+
+    def current() -> Engine:
+        engine = get_engine()
+        if engine is None:
+            raise web.HTTPServiceUnavailable(
+                text='{"error": "the stream worker is starting"}',
+                content_type="application/json",
+                headers={"Retry-After": "1"},
+            )
+        return engine
 
     async def get_key(request: web.Request) -> web.Response:
         store = request.match_info["store"]
         key = request.match_info["key"]
         if store != store_name:
             return _error(404, f"no such store: {store!r}", stores=[store_name])
-        lookup = engine.lookup(key)
+        lookup = current().lookup(key)
         if lookup.status is LookupStatus.FOUND:
             assert lookup.entry is not None
             return _json(lookup.entry.state, headers={"X-Enhydra-Partition": str(lookup.partition)})
@@ -53,11 +66,10 @@ def build_app(engine: Engine, instance_id: str) -> web.Application:
         return _error(503, "partition is being restored or rebalanced", partition=lookup.partition)
 
     async def live(_request: web.Request) -> web.Response:
-        if engine.failure is not None:
-            return _error(500, f"processing failed: {type(engine.failure).__name__}")
         return _json({"status": "live"})
 
     async def ready(_request: web.Request) -> web.Response:
+        engine = current()
         if engine.ready:
             return _json({"status": "ready"})
         return _error(
@@ -69,12 +81,14 @@ def build_app(engine: Engine, instance_id: str) -> web.Application:
         )
 
     async def stats(_request: web.Request) -> web.Response:
+        engine = current()
         return _json(
             {
                 "instance": instance_id,
                 "store": store_name,
                 "ready": engine.ready,
                 "rebalances": engine.rebalances,
+                "failures": engine.failures,
                 "tasks": {
                     str(p): {
                         "role": t.role.value,

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from enhydra.aggregate import Aggregate, Command, Event, State
-from enhydra.processing.core import Entry, InputRecord, process_batch
+from enhydra.processing.core import Entry, Failure, InputRecord, process_batch
 from enhydra.service import Service
 
 
@@ -23,10 +23,11 @@ class Outcome:
 
     events: list[Event] = field(default_factory=list)
     rejection: str | None = None
+    failure: Failure | None = None  # what the service's error policies would handle
 
     @property
     def accepted(self) -> bool:
-        return self.rejection is None
+        return self.rejection is None and self.failure is None
 
 
 class Driver:
@@ -38,6 +39,7 @@ class Driver:
         self.entries: dict[str, Entry] = {}
         self.events: list[tuple[str, Event]] = []
         self.rejections: list[dict[str, Any]] = []
+        self.failures: list[Failure] = []
         self._offset = 0
 
     def send(self, key: str, command: Command | bytes) -> Outcome:
@@ -62,6 +64,9 @@ class Driver:
         for rejected in result.rejected:
             outcomes[rejected.offset].rejection = rejected.reason
             self.rejections.append(rejected.to_value())
+        for failure in result.failures:
+            outcomes[failure.record.offset].failure = failure
+            self.failures.append(failure)
         return [outcomes[r.offset] for r in records]
 
     def state(self, key: str) -> State:

@@ -15,4 +15,11 @@ service = Service(
     web_port={{ cookiecutter.web_port }},
     # a warm copy of every task on another instance: failover without a full restore
     num_standby_replicas=1,
+    # malformed commands and failing handlers go to the dead-letter queue, not into the void
+    deserialization_exception_handler="dlq",
+    processing_exception_handler="dlq",
+    # a crashed stream worker is replaced at most 3 times in 5 minutes, then the instance stops
+    uncaught_exception_handler="replace_worker",
+    max_worker_replacements=3,
+    worker_replacement_window_s=300,
 )

@@ -1,0 +1,1 @@
+"""The control topic: messages every instance of an application reads (e.g. shut down all)."""

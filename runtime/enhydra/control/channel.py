@@ -1,0 +1,95 @@
+"""One small topic per application that every instance reads from its end.
+
+It carries decisions that concern the whole application rather than one partition, such as
+SHUTDOWN_APPLICATION: the instance that decides writes it once, and every instance (itself
+included) acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from enhydra.logs import get_logger
+from enhydra.topics import TopicSpec
+
+log = get_logger("enhydra.control")
+
+SHUTDOWN_APPLICATION = "shutdown_application"
+
+
+def control_topic_name(app_id: str) -> str:
+    return f"{app_id}-control"
+
+
+def control_topic_spec(app_id: str, replication_factor: int = 1) -> TopicSpec:
+    return TopicSpec(control_topic_name(app_id), 1, replication_factor)
+
+
+class ControlChannel:
+    def __init__(
+        self,
+        bootstrap: str,
+        app_id: str,
+        instance_id: str,
+        on_message: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self.topic = control_topic_name(app_id)
+        self.instance_id = instance_id
+        self.on_message = on_message
+        self._bootstrap = bootstrap
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all")
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False
+        )
+        await self._consumer.start()
+        tp = TopicPartition(self.topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)  # only what is said from now on concerns us
+        await self._consumer.position(tp)
+        self._task = asyncio.create_task(self._run(), name="enhydra-control")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        assert self._producer is not None
+        message = {
+            "type": kind,
+            "origin": self.instance_id,
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            **fields,
+        }
+        await self._producer.send_and_wait(self.topic, orjson.dumps(message))
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    try:
+                        message = orjson.loads(record.value)
+                    except orjson.JSONDecodeError:
+                        log.warning("unreadable control message", offset=record.offset)
+                        continue
+                    await self.on_message(message)
