@@ -62,13 +62,6 @@ def test_keys_are_independent(driver: Driver) -> None:
     [
         (cmd("r1", "register"), "item 'apple' is already registered"),
         (cmd("r2", "ship", quantity=11), "cannot ship 11 of 'apple': only 10 on hand"),
-        (cmd("r3", "receive", quantity=0), "quantity must be greater than 0, got 0"),
-        (cmd("r4", "ship", quantity=-2), "quantity must be greater than 0, got -2"),
-        (cmd("r5", "receive", quantity="3"), "quantity must be a whole number, got '3'"),
-        (cmd("r6", "receive", quantity=True), "quantity must be a whole number, got True"),
-        (cmd("r7", "receive"), "quantity must be a whole number, got None"),
-        (cmd("r8", "sell", quantity=1), "unknown command type 'sell'"),
-        (cmd("r9", "receive", item="", quantity=1), "item must be a non-empty string"),
     ],
 )
 def test_rejections_leave_state_unchanged(
@@ -80,6 +73,28 @@ def test_rejections_leave_state_unchanged(
     assert outcome.rejection is not None and outcome.rejection.startswith(reason)
     assert stocked.state("apple") == {"on_hand": 10, "version": 2}
     assert stocked.rejections[-1]["command_id"] == command["command_id"]
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (cmd("r3", "receive", quantity=0), "quantity must be greater than 0, got 0"),
+        (cmd("r4", "ship", quantity=-2), "quantity must be greater than 0, got -2"),
+        (cmd("r5", "receive", quantity="3"), "quantity must be a whole number, got '3'"),
+        (cmd("r6", "receive", quantity=True), "quantity must be a whole number, got True"),
+        (cmd("r7", "receive"), "quantity must be a whole number, got None"),
+        (cmd("r8", "sell", quantity=1), "unknown command type 'sell'"),
+        (cmd("r9", "receive", item="", quantity=1), "item must be a non-empty string"),
+    ],
+)
+def test_malformed_commands_are_failures_for_the_dead_letter_queue(
+    stocked: Driver, command: dict[str, Any], reason: str
+) -> None:
+    outcome = stocked.send("apple", command)
+    assert not outcome.accepted and outcome.rejection is None
+    assert outcome.failure is not None and outcome.failure.stage == "deserialize"
+    assert str(outcome.failure.error).startswith(reason)
+    assert stocked.state("apple") == {"on_hand": 10, "version": 2}
 
 
 @pytest.mark.parametrize("kind", ["receive", "ship"])
@@ -95,17 +110,17 @@ def test_duplicate_command_id_is_rejected_not_applied(stocked: Driver) -> None:
     assert stocked.state("apple") == {"on_hand": 10, "version": 2}
 
 
-def test_invalid_json_is_rejected_with_a_reason(driver: Driver) -> None:
+def test_invalid_json_is_a_failure_with_a_reason(driver: Driver) -> None:
     outcome = driver.send("apple", b"{not json")
-    assert outcome.rejection is not None
-    assert outcome.rejection.startswith("invalid command: value is not valid JSON")
-    assert driver.rejections[0]["key"] == "apple"
-    assert driver.state("apple") is None
+    assert outcome.failure is not None and outcome.failure.stage == "deserialize"
+    assert str(outcome.failure.error).startswith("value is not valid JSON")
+    assert driver.rejections == [] and driver.state("apple") is None
 
 
-def test_command_without_id_is_rejected(driver: Driver) -> None:
+def test_command_without_id_is_a_failure(driver: Driver) -> None:
     outcome = driver.send("apple", {"type": "register", "item": "apple"})
-    assert outcome.rejection == "invalid command: command has no 'command_id' (a non-empty string)"
+    assert outcome.failure is not None
+    assert str(outcome.failure.error) == "command has no 'command_id' (a non-empty string)"
 
 
 def test_version_counts_applied_events(driver: Driver) -> None:

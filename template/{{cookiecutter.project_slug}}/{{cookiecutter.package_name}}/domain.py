@@ -9,14 +9,15 @@ State per item: {"on_hand": int, "version": int}, where version counts the event
 
 Both functions are pure: the streaming service, the test driver and a PySpark backfill run
 exactly this code, so keep I/O, clocks and randomness out of them. Replace this example with
-your own domain; the shape (decide raises Rejection, apply folds events) stays.
+your own domain; the shape (parse checks the shape, decide raises Rejection, apply folds
+events) stays.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from enhydra import Aggregate, Rejection
+from enhydra import Aggregate, InvalidCommand, Rejection
 
 Command = dict[str, Any]
 Event = dict[str, Any]
@@ -25,31 +26,39 @@ State = dict[str, Any]
 COMMAND_TYPES = ("register", "receive", "ship")
 
 
-def _quantity(command: Command) -> int:
-    quantity = command.get("quantity")
-    if isinstance(quantity, bool) or not isinstance(quantity, int):
-        raise Rejection(f"quantity must be a whole number, got {quantity!r}")
-    if quantity <= 0:
-        raise Rejection(f"quantity must be greater than 0, got {quantity}")
-    return quantity
+def parse(command: Command) -> Command:
+    """The command's shape: a known type, an item, a positive whole quantity where needed.
 
-
-def decide(state: State | None, command: Command) -> list[Event]:
-    """Check a command against the item and say what happened (or raise Rejection)."""
+    A malformed command is the sender's bug, not a business answer: raising InvalidCommand
+    sends it to the dead-letter queue (with the template's settings) instead of publishing a
+    rejection. decide below only ever sees well-formed commands.
+    """
     kind = command.get("type")
     if kind not in COMMAND_TYPES:
         expected = ", ".join(COMMAND_TYPES)
-        raise Rejection(f"unknown command type {kind!r}; expected one of {expected}")
+        raise InvalidCommand(f"unknown command type {kind!r}; expected one of {expected}")
     item = command.get("item")
     if not isinstance(item, str) or not item:
-        raise Rejection("item must be a non-empty string")
+        raise InvalidCommand("item must be a non-empty string")
+    if kind in ("receive", "ship"):
+        quantity = command.get("quantity")
+        if isinstance(quantity, bool) or not isinstance(quantity, int):
+            raise InvalidCommand(f"quantity must be a whole number, got {quantity!r}")
+        if quantity <= 0:
+            raise InvalidCommand(f"quantity must be greater than 0, got {quantity}")
+    return command
+
+
+def decide(state: State | None, command: Command) -> list[Event]:
+    """Check a well-formed command against the item and say what happened (or reject it)."""
+    kind, item = command["type"], command["item"]
     if kind == "register":
         if state is not None:
             raise Rejection(f"item {item!r} is already registered")
         return [{"type": "registered", "item": item}]
     if state is None:
         raise Rejection(f"item {item!r} is not registered")
-    quantity = _quantity(command)
+    quantity = command["quantity"]
     if kind == "receive":
         return [{"type": "received", "quantity": quantity}]
     if quantity > state["on_hand"]:
@@ -77,5 +86,6 @@ items = Aggregate(
     name="items",
     decide=decide,
     apply=apply,
+    parse=parse,
     description="Stock items: quantity on hand and the number of events applied.",
 )

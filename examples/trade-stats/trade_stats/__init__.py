@@ -1,0 +1,1 @@
+"""Trade statistics: average price per stock symbol in hopping event-time windows."""

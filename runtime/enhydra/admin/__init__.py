@@ -1,0 +1,1 @@
+"""Operations on a whole application from outside it (reset)."""

@@ -1,0 +1,335 @@
+"""Offline application reset, like kafka-streams-application-reset: reprocess from a point.
+
+A reset makes the next start of the application behave as if it had never processed anything
+after the chosen point:
+
+1. refuse while any instance is still in the application's group (or a projection's group);
+2. move the group's committed offsets on the commands topic to the point: the beginning, the
+   first record at or after a time, or a snapshot's cut (`p=offset,...`);
+3. move every projection group to the current end of the events topic: the events produced by
+   reprocessing come after it, so read models are rebuilt from them and nothing twice;
+4. delete and recreate the internal topics: the stores' changelogs (and the DLQ on request);
+5. wipe the local state directory of the application (each machine must wipe its own).
+
+The plan is computed from facts about the cluster by a pure function (`plan_reset`), shown by
+`--dry-run`, and applied by `apply_reset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+
+from enhydra.topics import TopicSpec, partition_counts
+
+
+class ResetError(RuntimeError):
+    """The reset cannot be done as asked; nothing was changed when this is raised early."""
+
+
+# --------------------------------------------------------------------------- what to reset to
+
+
+@dataclass(frozen=True)
+class ResetPoint:
+    """Where the commands topic is reprocessed from: earliest, a time, or explicit offsets."""
+
+    kind: str  # "earliest" | "datetime" | "offsets"
+    timestamp_ms: int | None = None
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.kind == "datetime":
+            when = dt.datetime.fromtimestamp((self.timestamp_ms or 0) / 1000, dt.UTC)
+            return f"first record at or after {when.isoformat()}"
+        if self.kind == "offsets":
+            return "offsets " + ",".join(f"{p}={o}" for p, o in sorted(self.offsets.items()))
+        return "earliest"
+
+
+def parse_datetime(value: str) -> ResetPoint:
+    """An ISO 8601 time (UTC unless it says otherwise) or epoch milliseconds."""
+    if value.isdigit():
+        return ResetPoint("datetime", timestamp_ms=int(value))
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ResetError(
+            f"--to-datetime {value!r}: expected ISO 8601 (2026-11-22T10:00:00Z) or epoch ms"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return ResetPoint("datetime", timestamp_ms=int(parsed.timestamp() * 1000))
+
+
+def parse_offsets(value: str) -> ResetPoint:
+    """`0=120,1=98,...`: per partition, the next offset to process (a snapshot's cut)."""
+    offsets: dict[int, int] = {}
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        partition, sep, offset = item.partition("=")
+        if not sep or not partition.strip().isdigit() or not offset.strip().isdigit():
+            raise ResetError(f"--to-offsets item {item!r}: expected partition=offset, e.g. 0=120")
+        if int(partition) in offsets:
+            raise ResetError(f"--to-offsets gives partition {partition} twice")
+        offsets[int(partition)] = int(offset)
+    if not offsets:
+        raise ResetError("--to-offsets is empty: expected partition=offset[,partition=offset...]")
+    return ResetPoint("offsets", offsets=offsets)
+
+
+# --------------------------------------------------------------------------- facts and plan
+
+
+@dataclass
+class ClusterFacts:
+    """What the cluster says about an application, read by `gather_facts`."""
+
+    topics: dict[str, int]  # every topic -> partition count
+    members: dict[str, list[str]]  # group -> client ids of its active members
+    projection_groups: list[str]
+    beginning: dict[int, int]  # commands partition -> earliest offset
+    end: dict[int, int]  # commands partition -> end offset
+    by_time: dict[int, int | None] = field(default_factory=dict)  # offsets_for_times
+    events_end: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    app_id: str
+    group: str
+    commands_topic: str
+    offsets: dict[int, int]
+    recreate: list[TopicSpec]
+    events_topic: str
+    projection_groups: list[str]
+    events_offsets: dict[int, int]
+    state_dir: Path | None
+    point: ResetPoint
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"reset of application {self.app_id!r} to {self.point.describe()}:",
+            f"  group {self.group}: offsets on {self.commands_topic} -> "
+            + ", ".join(f"{p}={o}" for p, o in sorted(self.offsets.items())),
+        ]
+        for group in self.projection_groups:
+            lines.append(
+                f"  group {group}: offsets on {self.events_topic} -> current end "
+                + ", ".join(f"{p}={o}" for p, o in sorted(self.events_offsets.items()))
+            )
+        for spec in self.recreate:
+            kind = "compacted, " if spec.compacted else ""
+            lines.append(f"  delete and recreate {spec.name} ({kind}{spec.partitions} partitions)")
+        if self.state_dir is not None:
+            lines.append(f"  delete local state {self.state_dir}")
+        else:
+            lines.append(
+                "  local state: not touched (pass --state-dir, or wipe each instance's volume; "
+                "a store ahead of its recreated changelog is also wiped at start)"
+            )
+        return lines
+
+
+def internal_topics(app_id: str, topics: Mapping[str, int], *, include_dlq: bool) -> list[str]:
+    """The app's changelogs (and DLQ), not those of another app whose id extends this one.
+
+    `ledger-v2-accounts-changelog` belongs to app `ledger-v2` when `ledger-v2-commands` exists,
+    even though it starts with `ledger-`.
+    """
+    prefix = f"{app_id}-"
+    others = [
+        name.removesuffix("-commands")
+        for name in topics
+        if name.endswith("-commands") and name.startswith(prefix) and name != f"{app_id}-commands"
+    ]
+
+    def ours(name: str) -> bool:
+        return not any(name.startswith(other + "-") for other in others)
+
+    found = sorted(t for t in topics if t.startswith(prefix) and t.endswith("-changelog"))
+    chosen = [t for t in found if ours(t)]
+    if include_dlq and f"{app_id}-dlq" in topics:
+        chosen.append(f"{app_id}-dlq")
+    return chosen
+
+
+def plan_reset(
+    app_id: str,
+    facts: ClusterFacts,
+    point: ResetPoint,
+    *,
+    commands_topic: str | None = None,
+    events_topic: str | None = None,
+    include_dlq: bool = False,
+    state_dir: Path | None = None,
+) -> ResetPlan:
+    """What a reset will do, or a ResetError saying why it must not run (pure)."""
+    commands = commands_topic or f"{app_id}-commands"
+    events = events_topic or f"{app_id}-events"
+    if commands not in facts.topics:
+        raise ResetError(f"no topic {commands!r}: is the app id {app_id!r} right?")
+    busy = {g: m for g, m in facts.members.items() if m}
+    if busy:
+        shown = "; ".join(f"{g}: {', '.join(sorted(m))}" for g, m in sorted(busy.items()))
+        raise ResetError(
+            f"the application is running ({shown}): stop every instance, then reset "
+            "(a reset under a running instance would be overwritten by its next commit)"
+        )
+    partitions = sorted(facts.end)
+    if point.kind == "earliest":
+        offsets = dict(facts.beginning)
+    elif point.kind == "datetime":
+        offsets = {
+            p: facts.by_time[p] if facts.by_time.get(p) is not None else facts.end[p]
+            for p in partitions
+        }
+    else:
+        unknown = sorted(set(point.offsets) - set(partitions))
+        missing = sorted(set(partitions) - set(point.offsets))
+        if unknown or missing:
+            raise ResetError(
+                f"--to-offsets must give every partition of {commands} (0..{len(partitions) - 1})"
+                + (f"; unknown: {unknown}" if unknown else "")
+                + (f"; missing: {missing}" if missing else "")
+            )
+        for p, offset in point.offsets.items():
+            if not facts.beginning[p] <= offset <= facts.end[p]:
+                raise ResetError(
+                    f"--to-offsets {p}={offset} is outside {commands}-{p}'s offsets "
+                    f"{facts.beginning[p]}..{facts.end[p]}"
+                )
+        offsets = dict(point.offsets)
+    recreate = []
+    for name in internal_topics(app_id, facts.topics, include_dlq=include_dlq):
+        compacted = name.endswith("-changelog")
+        recreate.append(TopicSpec(name, facts.topics[name], compacted=compacted))
+    return ResetPlan(
+        app_id=app_id,
+        group=app_id,
+        commands_topic=commands,
+        offsets=offsets,
+        recreate=recreate,
+        events_topic=events,
+        projection_groups=sorted(facts.projection_groups),
+        events_offsets=dict(facts.events_end) if facts.projection_groups else {},
+        state_dir=state_dir / app_id if state_dir is not None else None,
+        point=point,
+    )
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+async def _members(admin: AIOKafkaAdminClient, group: str) -> list[str]:
+    # One group per request: aiokafka 0.14 misdecodes several groups' v3 answers at once.
+    responses = await admin.describe_consumer_groups([group])
+    members: list[str] = []
+    for response in responses:
+        for described in response.groups:
+            members.extend(member[1] for member in described[5])
+    return members
+
+
+async def gather_facts(
+    bootstrap: str,
+    app_id: str,
+    point: ResetPoint,
+    *,
+    commands_topic: str | None = None,
+    events_topic: str | None = None,
+) -> ClusterFacts:
+    """Read topics, group members and offsets: everything `plan_reset` needs."""
+    commands = commands_topic or f"{app_id}-commands"
+    events = events_topic or f"{app_id}-events"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="enhydra-reset")
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if not t.startswith("__")]
+        topics = await partition_counts(admin, names) if names else {}
+        groups = [g for g, _ in await admin.list_consumer_groups()]
+        projection_groups = [g for g in groups if g.startswith(f"{app_id}-projection-")]
+        members = {g: await _members(admin, g) for g in [app_id, *projection_groups]}
+    finally:
+        await admin.close()
+    facts = ClusterFacts(topics, members, projection_groups, {}, {})
+    if commands not in topics:
+        return facts
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(commands, p) for p in range(topics[commands])]
+        facts.beginning = {
+            tp.partition: o for tp, o in (await consumer.beginning_offsets(tps)).items()
+        }
+        facts.end = {tp.partition: o for tp, o in (await consumer.end_offsets(tps)).items()}
+        if point.kind == "datetime":
+            found = await consumer.offsets_for_times({tp: point.timestamp_ms for tp in tps})
+            facts.by_time = {tp.partition: (r.offset if r else None) for tp, r in found.items()}
+        if projection_groups and events in topics:
+            etps = [TopicPartition(events, p) for p in range(topics[events])]
+            facts.events_end = {
+                tp.partition: o for tp, o in (await consumer.end_offsets(etps)).items()
+            }
+    finally:
+        await consumer.stop()
+    return facts
+
+
+async def _commit(bootstrap: str, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    """Commit offsets for a group with no members (a 'simple' commit: no join)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = {TopicPartition(topic, p): o for p, o in offsets.items()}
+        consumer.assign(list(tps))
+        await consumer.commit(tps)
+    finally:
+        await consumer.stop()
+
+
+async def _recreate(bootstrap: str, specs: list[TopicSpec], timeout: float = 60.0) -> None:
+    if not specs:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="enhydra-reset")
+    await admin.start()
+    try:
+        names = [s.name for s in specs]
+        with contextlib.suppress(UnknownTopicOrPartitionError):
+            await admin.delete_topics(names)
+        deadline = time.monotonic() + timeout
+        while set(names) & set(await admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise ResetError(f"topics {names} were not deleted within {timeout:.0f}s")
+            await asyncio.sleep(0.3)
+        while True:
+            try:
+                await admin.create_topics([s.new_topic() for s in specs])
+                return
+            except TopicAlreadyExistsError:  # deletion still settling on the controller
+                if time.monotonic() > deadline:
+                    raise ResetError(f"topics {names} could not be recreated") from None
+                await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+
+
+async def apply_reset(bootstrap: str, plan: ResetPlan) -> None:
+    """Do what the plan says, in the order that keeps a half-done reset safe to repeat."""
+    await _commit(bootstrap, plan.group, plan.commands_topic, plan.offsets)
+    for group in plan.projection_groups:
+        await _commit(bootstrap, group, plan.events_topic, plan.events_offsets)
+    await _recreate(bootstrap, plan.recreate)
+    if plan.state_dir is not None:
+        shutil.rmtree(plan.state_dir, ignore_errors=True)

@@ -1,0 +1,217 @@
+"""`enhydra generate handler|projection|job NAME`: grow a generated service, with tests.
+
+Renders a template from `generators/<kind>/` into the service found from the current
+directory (its pyproject.toml names the package), then wires the piece in where the service
+will pick it up: a registry module per kind (`PKG/handlers/__init__.py` with HANDLERS,
+`PKG/projections/__init__.py` with PROJECTIONS) that this command rewrites, plus a short block
+appended once to `PKG/domain.py` or `PKG/service.py`. Existing files are never overwritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from jinja2 import Environment, StrictUndefined
+
+from enhydra.scaffold import scaffold_root
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
+
+
+class GenerateError(click.ClickException):
+    """The project or the name does not allow generating; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    package: str
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / self.package
+
+
+def find_project(start: Path) -> Project:
+    """The generated service containing `start`: pyproject.toml plus PKG/service.py."""
+    for folder in [start, *start.parents]:
+        pyproject = folder / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise GenerateError(f"{pyproject}: not valid TOML: {exc}") from None
+        wheel = data.get("tool", {}).get("hatch", {}).get("build", {}).get("targets", {})
+        packages = wheel.get("wheel", {}).get("packages") or []
+        name = str(data.get("project", {}).get("name", "")).replace("-", "_")
+        package = packages[0] if packages else name
+        if not package or not (folder / package / "service.py").is_file():
+            raise GenerateError(
+                f"{folder} is not an Enhydra service: no {package or '<package>'}/service.py "
+                "(run this inside a project made by `enhydra new`)"
+            )
+        return Project(folder, package)
+    raise GenerateError(f"no pyproject.toml in {start} or above: run inside a service project")
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name) or keyword.iskeyword(name):
+        raise GenerateError(
+            f"name {name!r}: use lowercase letters, digits and '_', starting with a letter "
+            "(it becomes a module name), e.g. restock or daily_totals"
+        )
+    return name
+
+
+def render(kind: str, project: Project, name: str) -> list[Path]:
+    """Render generators/<kind>/ into the project; refuse to overwrite anything."""
+    source = scaffold_root() / "generators" / kind
+    env = Environment(undefined=StrictUndefined, keep_trailing_newline=True)
+    context = {"package": project.package, "name": name}
+    planned: list[tuple[Path, str]] = []
+    for template in sorted(p for p in source.rglob("*") if p.is_file()):
+        if "__pycache__" in template.parts:
+            continue
+        relative = env.from_string(template.relative_to(source).as_posix()).render(context)
+        target = project.root / relative
+        if target.exists():
+            raise GenerateError(f"{target} already exists: choose another name")
+        planned.append((target, env.from_string(template.read_text()).render(context)))
+    for target, text in planned:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return [target for target, _ in planned]
+
+
+def _assigned_call(path: Path, callee: str) -> str:
+    """The name bound at module level to `callee(...)` in a file (e.g. items = Aggregate(...))."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+        ):
+            func = node.value.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called == callee:
+                return node.targets[0].id
+    raise GenerateError(f"{path}: no `NAME = {callee}(...)` at module level to wire into")
+
+
+REGISTRY = '''"""{doc}"""
+
+{imports}
+
+{constant} = [{names}]
+'''
+
+
+def write_registry(project: Project, kind: str, attr: str, constant: str, doc: str) -> Path:
+    """Rewrite PKG/<kind>/__init__.py listing every generated module of that kind."""
+    folder = project.package_dir / kind
+    init = folder / "__init__.py"
+    if init.exists() and doc not in init.read_text():
+        raise GenerateError(f"{init} was edited by hand; add the new module to it yourself")
+    modules = sorted(
+        p.stem
+        for p in folder.glob("*.py")
+        if p.stem != "__init__" and f"enhydra generate {attr}" in p.read_text()
+    )
+    imports = "\n".join(
+        f"from {project.package}.{kind}.{m} import {attr} as {m}_{attr}" for m in modules
+    )
+    names = ", ".join(f"{m}_{attr}" for m in modules)
+    init.write_text(REGISTRY.format(doc=doc, imports=imports, constant=constant, names=names))
+    return init
+
+
+def wire_once(path: Path, marker: str, block: str) -> bool:
+    """Append `block` to a module unless its marker line is already there."""
+    text = path.read_text()
+    if marker in text:
+        return False
+    path.write_text(text.rstrip("\n") + "\n\n\n" + block)
+    return True
+
+
+def generate_handler(project: Project, name: str) -> list[Path]:
+    files = render("handler", project, name)
+    files.append(
+        write_registry(
+            project,
+            "handlers",
+            "handler",
+            "HANDLERS",
+            "Command handlers added by `enhydra generate handler` (one module each).",
+        )
+    )
+    domain = project.package_dir / "domain.py"
+    aggregate = _assigned_call(domain, "Aggregate")
+    marker = f"from {project.package}.handlers import HANDLERS"
+    block = (
+        "# Command types added by `enhydra generate handler`: one module each in "
+        f"{project.package}/handlers/.\n"
+        "from enhydra.plugins import extend  # noqa: E402\n\n"
+        f"{marker}  # noqa: E402\n\n"
+        f"{aggregate} = extend({aggregate}, *HANDLERS)\n"
+    )
+    if wire_once(domain, marker, block):
+        files.append(domain)
+    return files
+
+
+def generate_projection(project: Project, name: str) -> list[Path]:
+    files = render("projection", project, name)
+    files.append(
+        write_registry(
+            project,
+            "projections",
+            "projection",
+            "PROJECTIONS",
+            "Read models added by `enhydra generate projection` (one module each).",
+        )
+    )
+    service_py = project.package_dir / "service.py"
+    service = _assigned_call(service_py, "Service")
+    marker = f"from {project.package}.projections import PROJECTIONS"
+    block = (
+        "# Read models added by `enhydra generate projection`: one module each in "
+        f"{project.package}/projections/.\n"
+        f"{marker}  # noqa: E402\n\n"
+        f"{service}.projections.extend(PROJECTIONS)\n"
+    )
+    if wire_once(service_py, marker, block):
+        files.append(service_py)
+    return files
+
+
+def generate_job(project: Project, name: str) -> list[Path]:
+    return render("job", project, name)
+
+
+KINDS = {"handler": generate_handler, "projection": generate_projection, "job": generate_job}
+
+
+@click.command()
+@click.argument("kind", type=click.Choice(sorted(KINDS)))
+@click.argument("name")
+@click.option(
+    "--project",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=Path("."),
+    help="The service project (default: the current directory or one above it).",
+)
+def generate(kind: str, name: str, project: Path) -> None:
+    """Add a handler, projection or job NAME (with tests) to a generated service."""
+    found = find_project(project.resolve())
+    for path in KINDS[kind](found, check_name(name)):
+        click.echo(f"wrote {path.relative_to(found.root)}")

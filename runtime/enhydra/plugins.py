@@ -1,0 +1,224 @@
+"""Handler plugins: installed packages that add command handlers and projections to a service.
+
+A package declares an entry point in the group `enhydra.handlers`; its object is a `Plugin` (or
+a callable returning one):
+
+    [project.entry-points."enhydra.handlers"]
+    ledger-audit = "ledger_audit:plugin"
+
+A service loads every plugin that applies to its aggregate when it starts, logs them, lists them
+in `/v1/stats` (`service.plugins`) and in its topology. A plugin that fails to import stops the
+start with an error naming the plugin and its entry point: a half-extended service would answer
+queries for read models it does not build.
+
+`Handler` + `extend` are also how code in the service itself (e.g. `enhydra generate handler`)
+adds a command type without touching the existing decide/apply.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from enhydra.aggregate import Aggregate, Apply, Command, Decide, Event, State
+from enhydra.projections.model import Projection
+
+if TYPE_CHECKING:
+    from enhydra.service import Service
+
+GROUP = "enhydra.handlers"
+
+
+class PluginError(RuntimeError):
+    """A plugin cannot be loaded or does not fit the service; the message names it."""
+
+
+@dataclass(frozen=True)
+class Handler:
+    """One command type with its own decide and the apply of each event type it emits."""
+
+    command: str
+    decide: Decide
+    apply: Mapping[str, Apply]
+    parse: Callable[[Command], Command] | None = None
+    type_field: str = "type"
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("handler command type must be a non-empty string")
+        if not callable(self.decide) or not all(callable(f) for f in self.apply.values()):
+            raise TypeError(f"handler {self.command!r}: decide and apply must be callables")
+
+
+class _Dispatch:
+    """Routes by a type field to an extension's function, else to the base function."""
+
+    def __init__(self, base: Callable | None, by_type: dict[str, Callable], field_name: str):
+        self.base = base
+        self.by_type = by_type
+        self.field_name = field_name
+        self.__qualname__ = type(self).__qualname__
+        self.__module__ = __name__
+
+    def target(self, value: Mapping[str, Any]) -> Callable | None:
+        return self.by_type.get(value.get(self.field_name), self.base)  # type: ignore[arg-type]
+
+    def parts(self) -> list[tuple[str, Callable]]:
+        """(label, function) of every component: the topology lists them."""
+        head = [("base", self.base)] if self.base is not None else []
+        return head + sorted(self.by_type.items())
+
+
+class _Decide(_Dispatch):
+    def __call__(self, state: State, command: Command) -> Sequence[Event]:
+        fn = self.target(command)
+        return fn(state, command)  # type: ignore[misc]
+
+
+class _Apply(_Dispatch):
+    def __call__(self, state: State, event: Event) -> State:
+        fn = self.target(event)
+        return fn(state, event)  # type: ignore[misc]
+
+
+class _Parse(_Dispatch):
+    def __call__(self, command: Command) -> Command:
+        fn = self.target(command)
+        return command if fn is None else fn(command)
+
+
+def _as_is(command: Command) -> Command:
+    """The parse of a handler that declares none: the command as decoded."""
+    return command
+
+
+def _flatten(fn: Callable | None) -> tuple[Callable | None, dict[str, Callable]]:
+    if isinstance(fn, _Dispatch):
+        return fn.base, dict(fn.by_type)
+    return fn, {}
+
+
+def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
+    """The aggregate with extra command types; the base decide/apply see everything else.
+
+    A command type or event type handled twice is an error naming it: two handlers silently
+    shadowing each other would make the outcome depend on the load order.
+    """
+    base_decide, decides = _flatten(aggregate.decide)
+    base_apply, applies = _flatten(aggregate.apply)
+    base_parse, parses = _flatten(aggregate.parse)
+    for handler in handlers:
+        if handler.command in decides:
+            raise PluginError(f"command type {handler.command!r} is handled twice")
+        decides[handler.command] = handler.decide
+        parses[handler.command] = handler.parse or _as_is
+        for event_type, fn in handler.apply.items():
+            if event_type in applies:
+                raise PluginError(f"event type {event_type!r} is applied by two handlers")
+            applies[event_type] = fn
+    if not handlers:
+        return aggregate
+    field_name = handlers[0].type_field
+    return replace(
+        aggregate,
+        decide=_Decide(base_decide, decides, field_name),
+        apply=_Apply(base_apply, applies, "type"),
+        parse=_Parse(base_parse, parses, field_name),
+    )
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """What an installed package adds to a service.
+
+    `aggregates` limits the plugin to services whose aggregate has one of these names (empty:
+    every service in the environment), so one image can hold several services safely.
+    """
+
+    name: str
+    projections: Sequence[Projection] = ()
+    handlers: Sequence[Handler] = ()
+    aggregates: tuple[str, ...] = ()
+    description: str = field(default="", compare=False)
+
+    def applies_to(self, aggregate_name: str) -> bool:
+        return not self.aggregates or aggregate_name in self.aggregates
+
+
+@dataclass(frozen=True)
+class LoadedPlugin:
+    """A plugin as loaded from its entry point, for logs, /v1/stats and the topology."""
+
+    name: str
+    entry_point: str
+    distribution: str
+    version: str
+    plugin: Plugin
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "entry_point": self.entry_point,
+            "distribution": self.distribution,
+            "version": self.version,
+            "projections": [p.name for p in self.plugin.projections],
+            "handlers": [h.command for h in self.plugin.handlers],
+        }
+
+
+def entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)
+
+
+def load_entry_point(ep: importlib.metadata.EntryPoint) -> LoadedPlugin:
+    """Import one entry point; any failure becomes a PluginError naming it."""
+    dist = ep.dist.name if ep.dist is not None else "?"
+    version = ep.dist.version if ep.dist is not None else "?"
+    where = f"plugin {ep.name!r} (entry point {ep.value!r} of {dist} {version})"
+    try:
+        obj = ep.load()
+        plugin = obj() if callable(obj) and not isinstance(obj, Plugin) else obj
+    except Exception as exc:
+        raise PluginError(f"{where} failed to load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(plugin, Plugin):
+        raise PluginError(f"{where} is a {type(plugin).__name__}, not an enhydra.plugins.Plugin")
+    return LoadedPlugin(ep.name, ep.value, dist, version, plugin)
+
+
+def load_plugins(
+    service: Service, eps: Iterable[importlib.metadata.EntryPoint] | None = None
+) -> list[LoadedPlugin]:
+    """Load the plugins that apply to `service` once: extend its aggregate, add projections."""
+    if service.plugins_loaded:
+        return service.plugins
+    name = service.aggregate.name
+    loaded = [load_entry_point(ep) for ep in (entry_points() if eps is None else eps)]
+    applying = [lp for lp in loaded if lp.plugin.applies_to(name)]
+    handlers = [h for lp in applying for h in lp.plugin.handlers]
+    if handlers:
+        service.aggregate = extend(service.aggregate, *handlers)
+    service.plugins = applying
+    service.plugins_loaded = True
+    check_projection_names(service)
+    return applying
+
+
+def all_projections(service: Service) -> list[tuple[Projection, str | None]]:
+    """(projection, plugin name or None) for the service's own and its plugins' projections."""
+    own: list[tuple[Projection, str | None]] = [(p, None) for p in service.projections]
+    return own + [(p, lp.name) for lp in service.plugins for p in lp.plugin.projections]
+
+
+def check_projection_names(service: Service) -> None:
+    """Every store name is queried at /v1/stores/<name>: two with one name cannot both answer."""
+    seen = {service.aggregate.name: "the aggregate"}
+    for projection, plugin in all_projections(service):
+        origin = f"plugin {plugin!r}" if plugin else "the service"
+        if projection.name in seen:
+            raise PluginError(
+                f"projection {projection.name!r} of {origin} has the same name as "
+                f"{seen[projection.name]}; store names must be unique"
+            )
+        seen[projection.name] = f"projection {projection.name!r} of {origin}"

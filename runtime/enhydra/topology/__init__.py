@@ -1,0 +1,36 @@
+"""A service's topology: a pure model, its fingerprint, a compatibility check, a diagram.
+
+`fingerprint(service)` is the one definition of "same layout" that snapshots, upgrades and
+tooling agree on.
+"""
+
+from enhydra.topology.compat import ADVICE, Change, Path, compare, render, verdict
+from enhydra.topology.fingerprint import canonical_json, compatibility_view, fingerprint
+from enhydra.topology.mermaid import to_mermaid
+from enhydra.topology.model import (
+    FORMAT,
+    TopologyError,
+    build_topology,
+    qualified_name,
+    topology_of,
+    validate,
+)
+
+__all__ = [
+    "ADVICE",
+    "FORMAT",
+    "Change",
+    "Path",
+    "TopologyError",
+    "build_topology",
+    "canonical_json",
+    "compare",
+    "compatibility_view",
+    "fingerprint",
+    "qualified_name",
+    "render",
+    "to_mermaid",
+    "topology_of",
+    "validate",
+    "verdict",
+]

@@ -1,0 +1,276 @@
+"""Compare two topologies and say, for each difference, whether a rolling bounce can deploy it.
+
+Kafka Streams users learn these rules in production; here they are checked before a deploy:
+
+| change | verdict | upgrade path |
+| --- | --- | --- |
+| handler logic (decide/apply/parse, a projection's project) | compatible | rolling bounce |
+| value schema, backward compatible (new optional field...) | compatible | rolling bounce |
+| an added projection (an independent branch), DLQ on/off | compatible | rolling bounce |
+| partition count of an input topic | incompatible | repartition |
+| key type or key serde | incompatible | repartition |
+| store renamed or removed, store value serde | incompatible | offline reset |
+| input topic added or removed, app id | incompatible | offline reset |
+| value schema not backward compatible | incompatible | offline reset |
+
+The check is pure: two JSON documents in, a list of `Change`s out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from enhydra.topology.schema import schema_differences
+
+
+class Path(StrEnum):
+    """How to deploy a change."""
+
+    ROLLING_BOUNCE = "rolling bounce"
+    OFFLINE_RESET = "offline reset"
+    REPARTITION = "repartition"
+
+
+ADVICE = {
+    Path.ROLLING_BOUNCE: "restart the instances one at a time with the new version; state, "
+    "offsets and topics stay as they are",
+    Path.OFFLINE_RESET: "stop every instance, run `enhydra reset --app <app>` (offsets, "
+    "changelogs, local state), deploy the new version; it reprocesses the input from the "
+    "chosen point (or load a snapshot rebuilt by a backfill and reset to its cut)",
+    Path.REPARTITION: "keys would land in other partitions: create new topics with the new "
+    "layout, copy the input into them keyed and partitioned by the default partitioner, point "
+    "the new version (a new app id) at them and let it rebuild its state",
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    subject: str
+    detail: str
+    compatible: bool
+    path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "detail": self.detail,
+            "compatible": self.compatible,
+            "upgrade": str(self.path),
+        }
+
+
+def _ok(subject: str, detail: str) -> Change:
+    return Change(subject, detail, True, Path.ROLLING_BOUNCE)
+
+
+def _bad(subject: str, detail: str, path: Path = Path.OFFLINE_RESET) -> Change:
+    return Change(subject, detail, False, path)
+
+
+def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def _key_changes(subject: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    old_key, new_key = old.get("key") or {}, new.get("key") or {}
+    changes = []
+    if old_key.get("serde") != new_key.get("serde"):
+        detail = f"key serde changed: {old_key.get('serde')} -> {new_key.get('serde')}"
+        changes.append(_bad(subject, detail, Path.REPARTITION))
+    if old_key.get("type") != new_key.get("type"):
+        detail = f"key type changed: {old_key.get('type')} -> {new_key.get('type')}"
+        changes.append(_bad(subject, detail, Path.REPARTITION))
+    return changes
+
+
+def _value_changes(subject: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    old_value, new_value = old.get("value") or {}, new.get("value") or {}
+    if old_value.get("serde") != new_value.get("serde"):
+        detail = f"value serde changed: {old_value.get('serde')} -> {new_value.get('serde')}"
+        return [_bad(subject, detail)]
+    old_schema, new_schema = old_value.get("schema"), new_value.get("schema")
+    if old_schema == new_schema:
+        return []
+    if old_schema is None:
+        return [_ok(subject, "value schema declared (nothing to compare it with)")]
+    if new_schema is None:
+        return [_ok(subject, "value schema no longer declared (nothing checked)")]
+    changes = []
+    for compatible, explanation in schema_differences(old_schema, new_schema):
+        if compatible:
+            changes.append(_ok(subject, f"backward-compatible value schema change: {explanation}"))
+        else:
+            changes.append(_bad(subject, f"value schema not backward compatible: {explanation}"))
+    return changes
+
+
+def _topics(kind: str, old: list, new: list, *, inputs: bool) -> list[Change]:
+    changes: list[Change] = []
+    old_by, new_by = _by_name(old), _by_name(new)
+    for name in sorted(old_by.keys() - new_by.keys()):
+        subject = f"{kind} {name}"
+        if inputs:
+            changes.append(_bad(subject, "input topic removed: committed offsets lose meaning"))
+        else:
+            changes.append(_ok(subject, "output topic no longer written (tell its consumers)"))
+    for name in sorted(new_by.keys() - old_by.keys()):
+        subject = f"{kind} {name}"
+        if inputs:
+            detail = "input topic added: no committed offsets, state never saw its records"
+            changes.append(_bad(subject, detail))
+        else:
+            changes.append(_ok(subject, "new output topic"))
+    for name in sorted(old_by.keys() & new_by.keys()):
+        subject = f"{kind} {name}"
+        o, n = old_by[name], new_by[name]
+        if o.get("partitions") != n.get("partitions"):
+            detail = f"partition count changed: {o.get('partitions')} -> {n.get('partitions')}"
+            changes.append(_bad(subject, detail, Path.REPARTITION))
+        changes.extend(_key_changes(subject, o, n))
+        changes.extend(_value_changes(subject, o, n))
+    return changes
+
+
+def _stores(old: list, new: list) -> list[Change]:
+    changes: list[Change] = []
+    old_by, new_by = _by_name(old), _by_name(new)
+    removed = sorted(old_by.keys() - new_by.keys())
+    added = sorted(new_by.keys() - old_by.keys())
+    if len(removed) == 1 and len(added) == 1:
+        detail = (
+            f"store renamed {removed[0]!r} -> {added[0]!r}: its changelog "
+            f"{new_by[added[0]].get('changelog')} starts empty, the state would be lost"
+        )
+        return [_bad(f"store {removed[0]}", detail)]
+    for name in removed:
+        changes.append(_bad(f"store {name}", "store removed: its state would be lost"))
+    for name in added:
+        detail = "store added: it would start empty while the input offsets are committed"
+        changes.append(_bad(f"store {name}", detail))
+    for name in sorted(old_by.keys() & new_by.keys()):
+        subject = f"store {name}"
+        o, n = old_by[name], new_by[name]
+        if o.get("changelog") != n.get("changelog"):
+            detail = f"changelog changed: {o.get('changelog')} -> {n.get('changelog')}"
+            changes.append(_bad(subject, detail))
+        if o.get("partitions") != n.get("partitions"):
+            detail = f"partition count changed: {o.get('partitions')} -> {n.get('partitions')}"
+            changes.append(_bad(subject, detail, Path.REPARTITION))
+        changes.extend(_key_changes(subject, o, n))
+        changes.extend(_value_changes(subject, o, n))
+    return changes
+
+
+def _handlers(old: list, new: list) -> list[Change]:
+    changes = []
+    old_by = {h.get("store"): h for h in old}
+    for handler in new:
+        previous = old_by.get(handler.get("store"))
+        if previous is None:
+            continue  # reported with the store
+        subject = f"handlers of {handler.get('store')}"
+        for role in ("decide", "apply", "parse"):
+            if previous.get(role) != handler.get(role):
+                detail = f"{role} changed: {previous.get(role)} -> {handler.get(role)}"
+                changes.append(_ok(subject, detail))
+        if previous.get("code") != handler.get("code"):
+            detail = (
+                "handler logic changed (stored state keeps what the old logic computed; "
+                "reset to reprocess if the change must apply to history)"
+            )
+            changes.append(_ok(subject, detail))
+    return changes
+
+
+def _projections(old: list, new: list) -> list[Change]:
+    changes: list[Change] = []
+    old_by, new_by = _by_name(old), _by_name(new)
+    for name in sorted(new_by.keys() - old_by.keys()):
+        detail = "projection added: an independent branch, it builds from the events topic"
+        changes.append(_ok(f"projection {name}", detail))
+    for name in sorted(old_by.keys() - new_by.keys()):
+        detail = (
+            f"projection removed: its group {old_by[name].get('group')} and changelog "
+            f"{old_by[name].get('changelog')} stay until deleted"
+        )
+        changes.append(_ok(f"projection {name}", detail))
+    for name in sorted(old_by.keys() & new_by.keys()):
+        subject = f"projection {name}"
+        o, n = old_by[name], new_by[name]
+        for field in ("source", "group", "changelog"):
+            if o.get(field) != n.get(field):
+                detail = f"{field} changed: {o.get(field)} -> {n.get(field)}"
+                changes.append(_bad(subject, detail))
+        if o.get("partitions") != n.get("partitions"):
+            detail = f"partition count changed: {o.get('partitions')} -> {n.get('partitions')}"
+            changes.append(_bad(subject, detail, Path.REPARTITION))
+        changes.extend(_key_changes(subject, o, n))
+        changes.extend(_value_changes(subject, o, n))
+        if o.get("project") != n.get("project") or o.get("code") != n.get("code"):
+            detail = (
+                "project logic changed (the read model keeps what the old logic computed; "
+                "reset the projection to rebuild it)"
+            )
+            changes.append(_ok(subject, detail))
+    return changes
+
+
+def _internal(old: list, new: list) -> list[Change]:
+    changes = []
+    old_roles = {(t.get("role"), t["name"]) for t in old if t.get("role") in ("dlq", "control")}
+    new_roles = {(t.get("role"), t["name"]) for t in new if t.get("role") in ("dlq", "control")}
+    for role, name in sorted(new_roles - old_roles):
+        changes.append(_ok(f"internal topic {name}", f"{role} topic added"))
+    for role, name in sorted(old_roles - new_roles):
+        changes.append(_ok(f"internal topic {name}", f"{role} topic no longer used"))
+    return changes
+
+
+def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """Every difference between the deployed topology `old` and the candidate `new`."""
+    changes: list[Change] = []
+    if old["app_id"] != new["app_id"]:
+        detail = (
+            f"app id changed: {old['app_id']} -> {new['app_id']} (a new consumer group and "
+            "new topics: the new app starts from nothing unless cloned from a snapshot)"
+        )
+        changes.append(_bad("application", detail))
+    changes += _topics("input topic", old["input_topics"], new["input_topics"], inputs=True)
+    changes += _topics("output topic", old["output_topics"], new["output_topics"], inputs=False)
+    changes += _stores(old["stores"], new["stores"])
+    changes += _handlers(old["handlers"], new["handlers"])
+    changes += _projections(old["projections"], new["projections"])
+    changes += _internal(old["internal_topics"], new["internal_topics"])
+    return changes
+
+
+def verdict(changes: list[Change]) -> Path | None:
+    """The upgrade path the whole set needs (the heaviest one), or None when nothing changed."""
+    if not changes:
+        return None
+    order = [Path.ROLLING_BOUNCE, Path.OFFLINE_RESET, Path.REPARTITION]
+    return max((c.path for c in changes), key=order.index)
+
+
+def render(changes: list[Change], *, app_id: str, against: str) -> str:
+    """A report for people: each change, its verdict and what to do."""
+    lines = [f"topology check of {app_id} against {against}"]
+    if not changes:
+        lines.append("  no changes")
+    for change in changes:
+        mark = "compatible  " if change.compatible else "INCOMPATIBLE"
+        lines.append(f"  {mark}  {change.subject}: {change.detail}")
+        lines.append(f"                upgrade path: {change.path}")
+    path = verdict(changes)
+    bad = [c for c in changes if not c.compatible]
+    if path is not None:
+        lines.append("")
+        lines.append(f"upgrade path: {path}: {ADVICE[path]}")
+    if bad:
+        lines.append(f"result: {len(bad)} incompatible change(s)")
+    else:
+        lines.append("result: compatible")
+    return "\n".join(lines)

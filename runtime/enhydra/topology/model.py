@@ -1,0 +1,260 @@
+"""A service's topology as plain JSON data: what it reads, writes, stores, and with which code.
+
+Built from the service definition and its settings only (no broker): the input topics with
+their partition counts, the stores with their changelogs, key/value serdes and declared value
+schemas, the handlers (qualified names and a digest of their source), the internal topics and
+the projections. `enhydra topology show` prints it; `enhydra topology check` compares two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import marshal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from enhydra.aggregate import Aggregate
+from enhydra.projections.model import Projection
+
+if TYPE_CHECKING:
+    from enhydra.service import Service
+
+FORMAT = "enhydra.topology/1"
+KEY_SERDE = "utf-8"
+VALUE_SERDE = "json"
+# A store value is the Entry envelope (offset, command ids, state) as JSON: see processing/core.
+STORE_VALUE_SERDE = "enhydra.entry/1+json"
+PROJECTION_VALUE_SERDE = "enhydra.projected/1+json"
+SCHEMA_NAMES = ("key", "commands", "events", "state")
+
+
+class TopologyError(ValueError):
+    """A topology file or a schema declaration is malformed; the message says where."""
+
+
+def qualified_name(fn: Callable[..., Any] | None) -> str | None:
+    """`module:qualname` of a function, the way the topology names handlers."""
+    if fn is None:
+        return None
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{name}"
+
+
+def _source_digest(fn: Callable[..., Any]) -> bytes:
+    try:
+        return inspect.getsource(fn).encode("utf-8")
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        return marshal.dumps(code.co_code) if code is not None else qualified_name(fn).encode()
+
+
+def _components(fn: Callable[..., Any] | None) -> list[tuple[str, Callable[..., Any]]]:
+    """A dispatching function's parts (see plugins.extend), or the function itself."""
+    if fn is None:
+        return []
+    parts = getattr(fn, "parts", None)
+    if callable(parts):
+        return [(label, f) for label, f in parts() if f is not None]
+    return [("base", fn)]
+
+
+def code_digest(*fns: Callable[..., Any] | None) -> str:
+    """A digest of the handlers' source: it changes when their logic does."""
+    digest = hashlib.sha256()
+    for fn in fns:
+        for label, part in _components(fn):
+            digest.update(label.encode() + b"\0" + _source_digest(part) + b"\0")
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _handler_names(fn: Callable[..., Any] | None) -> str | dict[str, str] | None:
+    parts = _components(fn)
+    if len(parts) == 1 and parts[0][0] == "base":
+        return qualified_name(parts[0][1])
+    if not parts:
+        return None
+    return {label: str(qualified_name(f)) for label, f in parts}
+
+
+def _schemas(schemas: Mapping[str, Any] | None) -> dict[str, Any]:
+    schemas = dict(schemas or {})
+    unknown = sorted(set(schemas) - set(SCHEMA_NAMES))
+    if unknown:
+        raise TopologyError(
+            f"unknown schema name(s) {unknown}: expected some of {', '.join(SCHEMA_NAMES)}"
+        )
+    key = schemas.get("key", "string")
+    if isinstance(key, str):
+        key = {"type": key}
+    if not isinstance(key, dict) or not isinstance(key.get("type"), str):
+        raise TopologyError(f"schemas['key'] = {key!r}: expected a JSON type name, e.g. 'string'")
+    for name in ("commands", "events", "state"):
+        value = schemas.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise TopologyError(f"schemas[{name!r}] must be a JSON Schema object, not {value!r}")
+    return {"key": key, **{n: schemas.get(n) for n in ("commands", "events", "state")}}
+
+
+def build_topology(
+    app_id: str,
+    aggregate: Aggregate,
+    *,
+    partitions: int,
+    replication_factor: int = 1,
+    dlq_topic: str | None = None,
+    projections: Sequence[tuple[Projection, str | None]] = (),
+    schemas: Mapping[str, Any] | None = None,
+    commands_topic: str | None = None,
+) -> dict[str, Any]:
+    """The topology of one service as JSON-ready data (pure: no settings, no broker)."""
+    from enhydra.control.channel import control_topic_name
+
+    bound = aggregate.bind(app_id)
+    if commands_topic:  # the settings may point the service at another input topic
+        bound = dataclasses.replace(bound, commands_topic=commands_topic)
+    declared = _schemas(schemas)
+    key = {"type": declared["key"]["type"], "serde": KEY_SERDE}
+    internal: list[dict[str, Any]] = [
+        {
+            "name": bound.changelog_topic,
+            "role": "changelog",
+            "store": aggregate.name,
+            "partitions": partitions,
+            "compacted": True,
+        }
+    ]
+    if dlq_topic:
+        internal.append({"name": dlq_topic, "role": "dlq", "partitions": partitions})
+    internal.append({"name": control_topic_name(app_id), "role": "control", "partitions": 1})
+    projected = []
+    for projection, plugin in sorted(projections, key=lambda pair: pair[0].name):
+        changelog = projection.changelog_topic(app_id)
+        internal.append(
+            {
+                "name": changelog,
+                "role": "changelog",
+                "store": projection.name,
+                "partitions": partitions,
+                "compacted": True,
+            }
+        )
+        projected.append(
+            {
+                "name": projection.name,
+                "plugin": plugin,
+                "source": bound.events_topic,
+                "group": projection.group_id(app_id),
+                "store": projection.name,
+                "changelog": changelog,
+                "partitions": partitions,
+                "key": dict(key),
+                "value": {"serde": PROJECTION_VALUE_SERDE},
+                "project": qualified_name(projection.project),
+                "code": code_digest(projection.project),
+            }
+        )
+    return {
+        "format": FORMAT,
+        "app_id": app_id,
+        "partitions": partitions,
+        "replication_factor": replication_factor,
+        "input_topics": [
+            {
+                "name": bound.commands_topic,
+                "role": "commands",
+                "partitions": partitions,
+                "key": dict(key),
+                "value": {"serde": VALUE_SERDE, "schema": declared["commands"]},
+            }
+        ],
+        "output_topics": [
+            {
+                "name": bound.events_topic,
+                "role": "events",
+                "partitions": partitions,
+                "key": dict(key),
+                "value": {"serde": VALUE_SERDE, "schema": declared["events"]},
+            },
+            {
+                "name": bound.rejections_topic,
+                "role": "rejections",
+                "partitions": partitions,
+                "key": dict(key),
+                "value": {"serde": VALUE_SERDE, "schema": None},
+            },
+        ],
+        "stores": [
+            {
+                "name": aggregate.name,
+                "kind": "aggregate",
+                "changelog": bound.changelog_topic,
+                "partitions": partitions,
+                "key": dict(key),
+                "value": {"serde": STORE_VALUE_SERDE, "schema": declared["state"]},
+            }
+        ],
+        "handlers": [
+            {
+                "store": aggregate.name,
+                "decide": _handler_names(aggregate.decide),
+                "apply": _handler_names(aggregate.apply),
+                "parse": _handler_names(aggregate.parse),
+                "code": code_digest(aggregate.decide, aggregate.apply, aggregate.parse),
+            }
+        ],
+        "internal_topics": internal,
+        "projections": projected,
+    }
+
+
+def topology_of(service: Service) -> dict[str, Any]:
+    """The topology of a service as it would run with the current ENHYDRA_* environment."""
+    from enhydra.plugins import all_projections, load_plugins
+
+    load_plugins(service)
+    s = service.settings
+    topology = build_topology(
+        s.app_id,
+        service.aggregate,
+        partitions=s.partitions,
+        replication_factor=s.replication_factor,
+        dlq_topic=s.dlq_topic if service.policies.uses_dlq() else None,
+        projections=all_projections(service),
+        schemas=service.schemas,
+        commands_topic=service.bound.commands_topic,
+    )
+    from enhydra.topology.fingerprint import fingerprint
+
+    return {"format": topology.pop("format"), "fingerprint": fingerprint(topology), **topology}
+
+
+def validate(raw: Any, source: str) -> dict[str, Any]:
+    """Check a topology read from a file has the shape `build_topology` writes."""
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{source}: a topology must be a JSON object")
+    if raw.get("format") != FORMAT:
+        raise TopologyError(
+            f"{source}: format {raw.get('format')!r} is not {FORMAT!r} "
+            "(write it with `enhydra topology show`)"
+        )
+    required = {
+        "app_id": str,
+        "partitions": int,
+        "input_topics": list,
+        "output_topics": list,
+        "stores": list,
+        "handlers": list,
+        "internal_topics": list,
+        "projections": list,
+    }
+    for name, kind in required.items():
+        if not isinstance(raw.get(name), kind):
+            raise TopologyError(f"{source}: {name!r} is missing or not a {kind.__name__}")
+    for section in ("input_topics", "output_topics", "stores", "internal_topics", "projections"):
+        for item in raw[section]:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise TopologyError(f"{source}: every entry of {section!r} needs a 'name'")
+    return raw

@@ -1,0 +1,219 @@
+"""Plugins and projections without a broker: loading, extension of an aggregate, the fold."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from enhydra import Aggregate, Rejection, Service
+from enhydra.plugins import (
+    Handler,
+    PluginError,
+    all_projections,
+    extend,
+    load_entry_point,
+    load_plugins,
+)
+from enhydra.projections import Projection, fold_batch, replay_projection
+from enhydra.projections.model import EventRecord, ProjectedEntry, decode, encode
+from enhydra.testing import Driver
+from enhydra.topology import topology_of
+from ledger.domain import accounts
+from ledger.workload import generate
+
+
+def count(state: Any, event: dict) -> Any:
+    return (state or 0) + 1
+
+
+def record(offset: int, key: str, event: Any) -> EventRecord:
+    return EventRecord(offset, key.encode(), orjson.dumps(event))
+
+
+# --------------------------------------------------------------------------- the fold
+
+
+def test_fold_batch_folds_per_key_and_skips_redelivered_events() -> None:
+    projection = Projection("counts", count)
+    stored = {"a": ProjectedEntry(5, offset=3)}
+    records = [
+        record(2, "a", {"type": "x"}),  # at or below the stored offset: already folded
+        record(3, "a", {"type": "x"}),
+        record(4, "a", {"type": "x"}),
+        record(5, "b", {"type": "x"}),
+        record(6, "b", {"type": "x"}),
+        EventRecord(7, None, b"{}"),
+    ]
+    result = fold_batch(projection, records, stored.get)
+    assert result.changed == {"a": ProjectedEntry(6, 4), "b": ProjectedEntry(2, 6)}
+    assert (result.skipped, result.ignored, result.last_offset) == (2, 1, 7)
+
+
+def test_a_projection_returning_none_deletes_the_key() -> None:
+    def forget(state: Any, event: dict) -> Any:
+        return None if event["type"] == "closed" else (state or 0) + 1
+
+    projection = Projection("open-counts", forget)
+    result = fold_batch(
+        projection, [record(0, "a", {"type": "x"}), record(1, "a", {"type": "closed"})], {}.get
+    )
+    assert result.changed == {"a": None}
+    assert replay_projection(projection, [("a", {"type": "x"}), ("a", {"type": "closed"})]) == {}
+
+
+def test_entry_round_trip() -> None:
+    entry = ProjectedEntry({"n": 1}, 42)
+    assert decode(encode(entry)) == entry
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x/y"])
+def test_projection_names_are_checked(name: str) -> None:
+    with pytest.raises(ValueError, match="projection name"):
+        Projection(name, count)
+
+
+def test_the_ledger_audit_plugin_matches_a_plain_count() -> None:
+    from ledger_audit import activity
+
+    commands = generate(30, 400, seed=4)
+    driver = Driver(accounts)
+    driver.send_many(commands)
+    states = replay_projection(activity, driver.events)
+    for key in driver.stored_keys():
+        events = [e for k, e in driver.events if k == key]
+        assert states[key]["deposits"] == sum(e["type"] == "deposited" for e in events)
+        assert states[key]["withdrawn"] == sum(
+            e["amount"] for e in events if e["type"] == "withdrawn"
+        )
+        assert driver.state(key)["balance"] == states[key]["deposited"] - states[key]["withdrawn"]
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def refund_decide(state: Any, command: dict) -> list[dict]:
+    if state is None:
+        raise Rejection("account is not open")
+    return [{"type": "refunded", "amount": command["amount"]}]
+
+
+def refund_apply(state: Any, event: dict) -> Any:
+    return {**state, "balance": state["balance"] + event["amount"], "version": state["version"] + 1}
+
+
+REFUND = Handler("refund", refund_decide, {"refunded": refund_apply})
+
+
+def test_extend_adds_a_command_type_and_keeps_the_rest() -> None:
+    extended = extend(accounts, REFUND)
+    driver = Driver(extended)
+    driver.send("a", {"command_id": "1", "type": "open", "account": "a"})
+    outcome = driver.send("a", {"command_id": "2", "type": "refund", "account": "a", "amount": 7})
+    assert outcome.events == [{"type": "refunded", "amount": 7}]
+    assert driver.state("a") == {"balance": 7, "status": "open", "version": 2}
+    unknown = driver.send("a", {"command_id": "3", "type": "bogus", "account": "a"})
+    assert unknown.failure is not None  # the base parse still refuses unknown types
+    assert extend(accounts) is accounts
+
+
+def test_a_command_type_handled_twice_is_an_error() -> None:
+    with pytest.raises(PluginError, match="command type 'refund' is handled twice"):
+        extend(extend(accounts, REFUND), REFUND)
+
+
+def test_topology_lists_the_parts_of_an_extended_aggregate() -> None:
+    service = Service("bank", extend(accounts, REFUND))
+    service.plugins_loaded = True
+    handlers = topology_of(service)["handlers"][0]
+    assert handlers["decide"] == {
+        "base": "ledger.domain:decide",
+        "refund": f"{__name__}:refund_decide",
+    }
+    assert handlers["apply"]["refunded"] == f"{__name__}:refund_apply"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@pytest.fixture
+def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module defining plugins, importable for the length of a test."""
+    (tmp_path / "fake_plugins.py").write_text(
+        "from enhydra.plugins import Plugin\n"
+        "from enhydra.projections import Projection\n"
+        "def count(state, event):\n    return (state or 0) + 1\n"
+        "good = Plugin('counts', projections=[Projection('event-counts', count)],"
+        " aggregates=('accounts',))\n"
+        "other = Plugin('others', projections=[Projection('x', count)], aggregates=('items',))\n"
+        "clash = Plugin('clash', projections=[Projection('accounts', count)])\n"
+        "def factory():\n    return good\n"
+        "not_a_plugin = 42\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "fake_plugins"
+    sys.modules.pop("fake_plugins", None)
+
+
+def ep(name: str, value: str) -> EntryPoint:
+    return EntryPoint(name, value, "enhydra.handlers")
+
+
+def test_plugins_apply_to_their_aggregates_only(plugin_module: str) -> None:
+    service = Service("bank", accounts)
+    loaded = load_plugins(
+        service, [ep("counts", f"{plugin_module}:good"), ep("o", f"{plugin_module}:other")]
+    )
+    assert [p.name for p in loaded] == ["counts"]
+    assert [(p.name, plugin) for p, plugin in all_projections(service)] == [
+        ("event-counts", "counts")
+    ]
+    assert loaded[0].describe()["projections"] == ["event-counts"]
+    assert load_plugins(service, []) is service.plugins  # loaded once
+    topology = topology_of(service)
+    assert topology["projections"][0]["group"] == "bank-projection-event-counts"
+    assert topology["projections"][0]["plugin"] == "counts"
+
+
+def test_a_factory_entry_point_is_called(plugin_module: str) -> None:
+    assert load_entry_point(ep("f", f"{plugin_module}:factory")).plugin.name == "counts"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "no_such_module_xyz:plugin",
+            "plugin 'p' (entry point 'no_such_module_xyz:plugin' of ? ?) "
+            "failed to load: ModuleNotFoundError",
+        ),
+        ("fake_plugins:missing", "failed to load: AttributeError"),
+        ("fake_plugins:not_a_plugin", "is a int, not an enhydra.plugins.Plugin"),
+    ],
+)
+def test_a_broken_plugin_is_an_error_naming_it(
+    plugin_module: str, value: str, message: str
+) -> None:
+    with pytest.raises(PluginError) as raised:
+        load_plugins(Service("bank", accounts), [ep("p", value)])
+    assert message in str(raised.value)
+
+
+def test_a_projection_named_like_the_aggregate_is_refused(plugin_module: str) -> None:
+    with pytest.raises(PluginError, match="projection 'accounts' of plugin 'clash'"):
+        load_plugins(Service("bank", accounts), [ep("clash", f"{plugin_module}:clash")])
+
+
+def test_services_declare_projections_in_code() -> None:
+    own = Projection("event-counts", count)
+    service = Service(
+        "bank",
+        Aggregate("accounts", decide=accounts.decide, apply=accounts.apply),
+        projections=[own],
+    )
+    service.plugins_loaded = True
+    assert all_projections(service) == [(own, None)]
