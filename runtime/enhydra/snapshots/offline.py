@@ -1,0 +1,389 @@
+"""Snapshots from the outside: ask a running app for one, clone, restore, time travel.
+
+These run from the `enhydra snapshot` command (or a test), not inside an instance:
+
+- `request_snapshot` asks the running application over its control topic and waits;
+- `clone` starts a new application Y from a snapshot: Y's changelog holds the snapshot's state
+  and Y's consumer group starts at the cut, so Y continues exactly from there;
+- `restore` brings an application back to a snapshot (disaster recovery; instances stopped);
+- `snapshot_at` rebuilds the state as of a time by folding the events topic through `apply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from enhydra.aggregate import BoundAggregate
+from enhydra.control.channel import control_topic_name
+from enhydra.processing.core import decode_entry, encode_entry
+from enhydra.snapshots.format import (
+    Cut,
+    Manifest,
+    Snapshot,
+    SnapshotError,
+    SnapshotWriter,
+    topology_fingerprint,
+)
+from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
+from enhydra.topics import TopicSpec, ensure_topics
+
+Progress = Callable[[int], None]  # advance by n
+
+
+# ---------------------------------------------------------------------------- live request
+async def request_snapshot(
+    bootstrap: str,
+    app_id: str,
+    storage: str,
+    *,
+    timeout: float = 300.0,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Ask the running application for a snapshot; returns the coordinator's done message."""
+    topic = control_topic_name(app_id)
+    snapshot_id = new_snapshot_id(app_id)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await consumer.start()
+    await producer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        if not consumer.partitions_for_topic(topic):
+            raise SnapshotError(f"no control topic {topic!r}: is {app_id!r} running?")
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+        message = {
+            "type": SNAPSHOT_CREATE,
+            "id": snapshot_id,
+            "storage": storage,
+            "origin": "enhydra-cli",
+        }
+        await producer.send_and_wait(topic, orjson.dumps(message))
+        deadline = time.monotonic() + timeout
+        last_ask = time.monotonic()
+        heard = False
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    reply = orjson.loads(record.value)
+                    if reply.get("id") != snapshot_id:
+                        continue
+                    heard = True
+                    if reply.get("type") == SNAPSHOT_PART and progress is not None:
+                        progress(reply)
+                    if reply.get("type") == SNAPSHOT_DONE:
+                        if reply.get("error"):
+                            raise SnapshotError(f"snapshot {snapshot_id} failed: {reply['error']}")
+                        return reply
+            if not heard and time.monotonic() - last_ask > 15:
+                # Nobody coordinated (e.g. a rebalance was moving partition 0): ask again.
+                await producer.send_and_wait(topic, orjson.dumps(message))
+                last_ask = time.monotonic()
+        raise SnapshotError(f"no answer for snapshot {snapshot_id} within {timeout}s")
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+# ---------------------------------------------------------------------------- clone, restore
+@dataclass(frozen=True)
+class CloneResult:
+    app_id: str
+    commands_topic: str
+    changelog_topic: str
+    rows: int
+    offsets: dict[int, int]
+    resumes_at_cut: bool
+
+
+async def _group_members(admin: AIOKafkaAdminClient, group: str) -> int:
+    """Members of a consumer group (0 when it does not exist)."""
+    for attempt in range(40):  # a fresh broker needs a moment to elect group coordinators
+        try:
+            described = await admin.describe_consumer_groups([group])
+            break
+        except KafkaError as exc:
+            if not exc.retriable or attempt == 39:
+                raise
+            await asyncio.sleep(0.5)
+    for item in described:
+        groups = getattr(item, "groups", None)
+        if groups is None and isinstance(item, dict):
+            groups = item.get("groups")
+        for entry in groups or []:
+            members = entry[5] if isinstance(entry, tuple) else entry.get("members", [])
+            return len(members)
+    return 0
+
+
+async def _topic_is_empty(bootstrap: str, topic: str) -> bool:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        if not tps:
+            return True
+        ends = await consumer.end_offsets(tps)
+        return all(offset == 0 for offset in ends.values())
+    finally:
+        await consumer.stop()
+
+
+async def _load_changelog(
+    bootstrap: str,
+    snapshot: Snapshot,
+    changelog: str,
+    *,
+    reset_offsets: bool,
+    progress: Progress | None,
+) -> int:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=20,
+        max_batch_size=512 * 1024,
+    )
+    await producer.start()
+    rows = 0
+    try:
+        futures = []
+        for partition in sorted(snapshot.partitions):
+            for key, value in snapshot.iter_partition(partition):
+                if reset_offsets:
+                    # The clone reads another commands topic: the source's input offsets
+                    # mean nothing there and would make it skip its first commands.
+                    entry = decode_entry(value)
+                    entry.offset = -1
+                    value = encode_entry(entry)
+                futures.append(await producer.send(changelog, value, key=key, partition=partition))
+                rows += 1
+                if len(futures) >= 5000:
+                    await asyncio.gather(*futures)
+                    futures = []
+                    if progress is not None:
+                        progress(5000)
+        await asyncio.gather(*futures)
+        if progress is not None and futures:
+            progress(len(futures))
+    finally:
+        await producer.stop()
+    return rows
+
+
+async def _commit_group_offsets(bootstrap: str, group: str, topic: str, offsets: dict) -> None:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
+        consumer.assign(list(tps))
+        await consumer.commit(tps)
+    finally:
+        await consumer.stop()
+
+
+async def clone(
+    snapshot: Snapshot,
+    *,
+    bootstrap: str,
+    to_app: str,
+    commands_topic: str | None = None,
+    progress: Progress | None = None,
+) -> CloneResult:
+    """Make application `to_app` start from `snapshot` (its instances must not be running)."""
+    manifest = snapshot.manifest
+    partitions = len(manifest.partitions)
+    source_topic = manifest.cut.topic
+    commands = commands_topic or source_topic
+    same_input = commands == source_topic
+    changelog = f"{to_app}-{manifest.store}-changelog"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if await _group_members(admin, to_app):
+            raise SnapshotError(f"application {to_app!r} has running instances: stop them first")
+    finally:
+        await admin.close()
+    specs = [TopicSpec(changelog, partitions, compacted=True)]
+    if not same_input:
+        specs.append(TopicSpec(commands, partitions))
+    await ensure_topics(bootstrap, specs)
+    if not await _topic_is_empty(bootstrap, changelog):
+        raise SnapshotError(f"{changelog} already holds records: clone into a new app id")
+    rows = await _load_changelog(
+        bootstrap, snapshot, changelog, reset_offsets=not same_input, progress=progress
+    )
+    offsets = dict(manifest.cut.offsets) if same_input else {}
+    if offsets:
+        await _commit_group_offsets(bootstrap, to_app, commands, offsets)
+    return CloneResult(to_app, commands, changelog, rows, offsets, same_input)
+
+
+async def restore(
+    snapshot: Snapshot,
+    *,
+    bootstrap: str,
+    app_id: str,
+    progress: Progress | None = None,
+) -> CloneResult:
+    """Put `app_id` back to `snapshot`: its changelog replaced, its group rewound to the cut."""
+    manifest = snapshot.manifest
+    changelog = f"{app_id}-{manifest.store}-changelog"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if await _group_members(admin, app_id):
+            raise SnapshotError(f"application {app_id!r} has running instances: stop them first")
+        if changelog in set(await admin.list_topics()):
+            await admin.delete_topics([changelog])
+            deadline = time.monotonic() + 60
+            while changelog in set(await admin.list_topics()):
+                if time.monotonic() > deadline:
+                    raise SnapshotError(f"{changelog} was not deleted within 60s")
+                await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    for attempt in range(20):  # a deleted topic's name is free again only after a moment
+        try:
+            await ensure_topics(
+                bootstrap, [TopicSpec(changelog, len(manifest.partitions), compacted=True)]
+            )
+            break
+        except Exception:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.5)
+    rows = await _load_changelog(
+        bootstrap, snapshot, changelog, reset_offsets=False, progress=progress
+    )
+    await _commit_group_offsets(bootstrap, app_id, manifest.cut.topic, dict(manifest.cut.offsets))
+    return CloneResult(
+        app_id, manifest.cut.topic, changelog, rows, dict(manifest.cut.offsets), True
+    )
+
+
+# ---------------------------------------------------------------------------- time travel
+async def _read_events_until(
+    bootstrap: str, topic: str, until_ms: int, progress: Progress | None
+) -> tuple[list[tuple[bytes, int, int, bytes, list]], list[int]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        if not partitions:
+            raise SnapshotError(f"no events topic {topic!r}")
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        rows: list[tuple[bytes, int, int, bytes, list]] = []
+        while True:
+            positions = {tp: await consumer.position(tp) for tp in tps}
+            if all(positions[tp] >= ends[tp] for tp in tps):
+                return rows, partitions
+            batch = await consumer.getmany(timeout_ms=500, max_records=20000)
+            for tp, records in batch.items():
+                kept = [
+                    (r.key, tp.partition, r.offset, r.value, list(r.headers or ()))
+                    for r in records
+                    if r.offset < ends[tp] and r.timestamp <= until_ms
+                ]
+                rows.extend(kept)
+                if progress is not None:
+                    progress(len(records))
+    finally:
+        await consumer.stop()
+
+
+async def snapshot_at(
+    bound: BoundAggregate,
+    *,
+    bootstrap: str,
+    app_id: str,
+    until: dt.datetime,
+    output: Path,
+    dedup_window: int = 100,
+    progress: Progress | None = None,
+) -> Manifest:
+    """The state as of `until`: the events up to then, folded through the service's `apply`.
+
+    For data that fits one process; the PySpark backfill job does the same fold at scale.
+    """
+    from enhydra.spark.fold import fold_batches
+
+    until_ms = int(until.timestamp() * 1000)
+    events, partitions = await _read_events_until(bootstrap, bound.events_topic, until_ms, progress)
+    events.sort(key=lambda row: (row[0], row[1], row[2]))
+    table = pa.table(
+        {
+            "key": pa.array([r[0] for r in events], pa.binary()),
+            "partition": pa.array([r[1] for r in events], pa.int32()),
+            "offset": pa.array([r[2] for r in events], pa.int64()),
+            "value": pa.array([r[3] for r in events], pa.binary()),
+            # raw header bytes, as the Kafka sources hand them to the fold
+            "command_id": pa.array(
+                [_header(r[4], "enhydra.command_id") for r in events], pa.binary()
+            ),
+            "command_offset": pa.array(
+                [_header(r[4], "enhydra.command_offset") for r in events], pa.binary()
+            ),
+        }
+    )
+    per_partition: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in partitions}
+    last: dict[int, int] = dict.fromkeys(partitions, -1)
+    for batch in fold_batches(table.to_batches(), bound.aggregate, dedup_window=dedup_window):
+        for key, partition, value, offset in zip(
+            batch.column("key").to_pylist(),
+            batch.column("partition").to_pylist(),
+            batch.column("value").to_pylist(),
+            batch.column("last_offset").to_pylist(),
+            strict=True,
+        ):
+            per_partition[partition].append((key, value))
+            last[partition] = max(last[partition], offset)
+    writer = SnapshotWriter(
+        output,
+        app_id=app_id,
+        store=bound.name,
+        fingerprint=topology_fingerprint(
+            app_id=app_id,
+            store=bound.name,
+            partitions=len(partitions),
+            commands_topic=bound.commands_topic,
+            changelog_topic=bound.changelog_topic,
+        ),
+        source=f"time-travel:{until.isoformat()}",
+    )
+    for partition, rows in per_partition.items():
+        writer.write_partition(partition, sorted(rows))
+    cut = Cut(bound.commands_topic, {p: last[p] + 1 for p in partitions})
+    return writer.finish(cut, partitions=len(partitions))
+
+
+def _header(headers: list, name: str) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None

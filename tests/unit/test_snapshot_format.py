@@ -1,0 +1,314 @@
+"""The snapshot format: what is written reads back intact, and every bad snapshot is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enhydra.processing.core import Entry, decode_entry, encode_entry
+from enhydra.snapshots import (
+    MANIFEST,
+    Cut,
+    SnapshotError,
+    SnapshotWriter,
+    load_into_stores,
+    open_snapshot,
+    topology_fingerprint,
+)
+from enhydra.snapshots.format import partition_for
+from enhydra.stores.partition import PartitionStore
+
+PARTITIONS = 3
+FINGERPRINT = topology_fingerprint(
+    app_id="bank",
+    store="accounts",
+    partitions=PARTITIONS,
+    commands_topic="bank-commands",
+    changelog_topic="bank-accounts-changelog",
+)
+
+
+def entries(count: int) -> dict[bytes, bytes]:
+    return {
+        f"acct-{i:04d}".encode(): encode_entry(
+            Entry({"balance": i * 10, "status": "open"}, offset=i, command_ids=[f"c{i}"])
+        )
+        for i in range(count)
+    }
+
+
+def write_snapshot(directory: Path, data: dict[bytes, bytes]) -> Path:
+    """Place keys like the runtime (murmur2); a table, a stream of batches, a stream of pairs."""
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(PARTITIONS)}
+    for key, value in data.items():
+        by_partition[partition_for(key, PARTITIONS)].append((key, value))
+    writer = SnapshotWriter(
+        directory, app_id="bank", store="accounts", fingerprint=FINGERPRINT, source="live"
+    )
+    rows0 = by_partition[0]
+    writer.write_partition(
+        0, pa.table({"key": [k for k, _ in rows0], "value": [v for _, v in rows0]})
+    )
+    rows1 = sorted(by_partition[1])
+    half = len(rows1) // 2
+    writer.write_partition(
+        1,
+        (
+            pa.record_batch({"key": [k for k, _ in part], "value": [v for _, v in part]})
+            for part in (rows1[:half], rows1[half:])
+        ),
+    )
+    writer.write_partition(2, sorted(by_partition[2]))
+    writer.finish(Cut("bank-commands", {0: 11, 1: 0, 2: 7}), partitions=PARTITIONS)
+    return directory
+
+
+def rewrite_manifest(directory: Path, change) -> None:
+    path = directory / MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    data = entries(200)
+    snap = open_snapshot(write_snapshot(tmp_path / "s", data), FINGERPRINT)
+    m = snap.manifest
+    assert (m.format_version, m.app_id, m.store, m.source) == (1, "bank", "accounts", "live")
+    assert m.created_at.endswith("Z")
+    assert snap.cut == Cut("bank-commands", {0: 11, 1: 0, 2: 7})
+    assert sorted(snap.partitions) == [0, 1, 2]
+    assert m.rows == 200
+    read_back: dict[bytes, bytes] = {}
+    for p in snap.partitions:
+        keys = [k for k, _ in snap.iter_partition(p)]
+        assert keys == sorted(keys)  # rows sorted by key bytes
+        assert all(partition_for(k, PARTITIONS) == p for k in keys)
+        read_back.update(snap.iter_partition(p))
+    assert read_back == data
+    assert snap.lookup("acct-0007") == data[b"acct-0007"]
+    assert snap.lookup(b"nobody") is None
+    # Decoded columns are there for people and other tools.
+    row = pq.read_table(snap.path(partition_for(b"acct-0003", PARTITIONS))).to_pylist()
+    decoded = {r["key_text"]: r for r in row}["acct-0003"]
+    assert json.loads(decoded["state"]) == {"balance": 30, "status": "open"}
+    assert decoded["last_offset"] == 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.dictionaries(
+        st.binary(min_size=1, max_size=12),
+        st.tuples(st.integers(-1, 2**40), st.lists(st.text(max_size=5), max_size=3)),
+        max_size=40,
+    )
+)
+def test_any_keys_round_trip_in_byte_order(tmp_path_factory, data) -> None:
+    directory = tmp_path_factory.mktemp("h")
+    values = {k: encode_entry(Entry({"v": o}, o, ids)) for k, (o, ids) in data.items()}
+    writer = SnapshotWriter(directory, app_id="a", store="s", fingerprint="f", source="test")
+    writer.write_partition(0, pa.table({"key": list(values), "value": list(values.values())}))
+    writer.finish({"topic": "a-commands", "offsets": {0: 1}})
+    snap = open_snapshot(directory)
+    rows = list(snap.iter_partition(0))
+    assert [k for k, _ in rows] == sorted(values)
+    assert dict(rows) == values
+
+
+def test_load_into_stores_sets_the_input_checkpoint(tmp_path: Path) -> None:
+    data = entries(120)
+    snap = open_snapshot(write_snapshot(tmp_path / "s", data))
+    seen: list[tuple[int, int, int]] = []
+    loaded = load_into_stores(
+        snap, tmp_path / "state", batch_rows=16, progress=lambda *a: seen.append(a)
+    )
+    assert sum(loaded.values()) == 120
+    assert seen[-1][0] == 2 and all(done <= total for _, done, total in seen)
+    assert len(seen) > PARTITIONS  # batches report progress, not only whole partitions
+    merged: dict[bytes, bytes] = {}
+    for p, cut in snap.cut.offsets.items():
+        store = PartitionStore(tmp_path / "state" / str(p))
+        try:
+            assert store.input_offset == cut - 1
+            assert store.changelog_offset == -1
+            merged.update(store.items())
+        finally:
+            store.close()
+    assert merged == data
+    with pytest.raises(SnapshotError, match="already holds keys"):
+        load_into_stores(snap, tmp_path / "state")
+    assert sum(load_into_stores(snap, tmp_path / "state", replace=True).values()) == 120
+
+
+def test_manifest_is_written_last_and_atomically(tmp_path: Path, monkeypatch) -> None:
+    directory = tmp_path / "s"
+    writer = SnapshotWriter(directory, app_id="a", store="s", fingerprint="f", source="test")
+    writer.write_partition(0, [(b"k", encode_entry(Entry(1, 0, ["c"])))])
+    # Partitions alone are not a snapshot.
+    with pytest.raises(SnapshotError, match=r"no manifest\.json: not a complete snapshot"):
+        open_snapshot(directory)
+
+    def crash(src, dst):
+        raise OSError("killed during rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="killed"):
+        writer.finish(Cut("a-commands", {0: 1}))
+    monkeypatch.undo()
+    # Neither a manifest nor a temporary file that could pass for one is left behind.
+    assert sorted(p.name for p in directory.iterdir()) == ["store=s"]
+    with pytest.raises(SnapshotError, match="not a complete snapshot"):
+        open_snapshot(directory)
+    writer.finish(Cut("a-commands", {0: 1}))
+    assert open_snapshot(directory).manifest.rows == 1
+    with pytest.raises(SnapshotError, match="already holds a snapshot"):
+        SnapshotWriter(directory, app_id="a", store="s", fingerprint="f", source="test")
+
+
+def test_refuses_unknown_format_version(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    rewrite_manifest(directory, lambda m: m.update(format_version=2))
+    with pytest.raises(SnapshotError, match="format_version 2 is not supported"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_corrupted_file(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(50))
+    path = directory / "store=accounts" / "partition=1.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match=r"partition=1\.parquet: sha256 mismatch"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_truncated_file(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(50))
+    path = directory / "store=accounts" / "partition=0.parquet"
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(SnapshotError, match="bytes, the manifest says"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_missing_file(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    (directory / "store=accounts" / "partition=2.parquet").unlink()
+    with pytest.raises(SnapshotError, match="listed in the manifest but missing"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_foreign_fingerprint_unless_forced(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    other = topology_fingerprint(
+        app_id="bank",
+        store="accounts",
+        partitions=6,
+        commands_topic="bank-commands",
+        changelog_topic="bank-accounts-changelog",
+    )
+    assert other != FINGERPRINT
+    with pytest.raises(SnapshotError, match="different topology"):
+        open_snapshot(directory, other)
+    assert open_snapshot(directory, other, force=True).manifest.fingerprint == FINGERPRINT
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/etc/passwd", "absolute paths are not allowed"),
+        ("../outside.parquet", "'..', '.' and empty segments are not allowed"),
+        ("store=accounts/../../x.parquet", "'..', '.' and empty segments are not allowed"),
+        ("store=accounts/partition=9.parquet", "unexpected file"),
+        ("extra.parquet", "unexpected file"),
+    ],
+)
+def test_refuses_paths_that_escape_or_are_unexpected(
+    tmp_path: Path, path: str, message: str
+) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    (directory / "extra.parquet").write_bytes(b"x")
+
+    def point_elsewhere(manifest: dict) -> None:
+        manifest["partitions"][0]["file"] = path
+
+    rewrite_manifest(directory, point_elsewhere)
+    with pytest.raises(SnapshotError, match=message):
+        open_snapshot(directory)
+
+
+def test_refuses_symlinks(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    outside = tmp_path / "outside.parquet"
+    target = directory / "store=accounts" / "partition=0.parquet"
+    target.rename(outside)
+    target.symlink_to(outside)
+    with pytest.raises(SnapshotError, match="is a symlink"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_symlinked_store_directory(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    elsewhere = tmp_path / "elsewhere"
+    (directory / "store=accounts").rename(elsewhere)
+    (directory / "store=accounts").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(SnapshotError, match="is a symlink"):
+        open_snapshot(directory)
+
+
+def test_refuses_duplicate_and_missing_partitions(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    rewrite_manifest(directory, lambda m: m["partitions"].append(m["partitions"][0]))
+    with pytest.raises(SnapshotError, match="partition 0 listed twice"):
+        open_snapshot(directory)
+    rewrite_manifest(directory, lambda m: m.update(partitions=m["partitions"][1:3]))
+    with pytest.raises(SnapshotError, match=r"partitions must be 0\.\.n-1"):
+        open_snapshot(directory)
+
+
+def test_refuses_a_malformed_manifest(tmp_path: Path) -> None:
+    directory = write_snapshot(tmp_path / "s", entries(10))
+    rewrite_manifest(directory, lambda m: m.pop("cut"))
+    with pytest.raises(SnapshotError, match="malformed manifest"):
+        open_snapshot(directory)
+    (directory / MANIFEST).write_text("{not json")
+    with pytest.raises(SnapshotError, match="unreadable manifest"):
+        open_snapshot(directory)
+
+
+def test_writer_refuses_unsorted_streams_and_bad_values(tmp_path: Path) -> None:
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    value = encode_entry(Entry(1, 0, []))
+    with pytest.raises(SnapshotError, match="keys must be unique and in byte order"):
+        writer.write_partition(0, [(b"b", value), (b"a", value)])
+    with pytest.raises(SnapshotError, match="keys must be unique"):
+        writer.write_partition(0, [(b"a", value), (b"a", value)])
+    with pytest.raises(SnapshotError, match="not an Entry envelope"):
+        writer.write_partition(0, [(b"a", b"not json")])
+    assert not list((tmp_path / "s").rglob("*.tmp"))
+    # Arrays compare as unsigned bytes, like RocksDB's default comparator.
+    writer.write_partition(0, pa.table({"key": [b"\xff", b"\x01", b"a"], "value": [value] * 3}))
+    writer.finish(Cut("a-commands", {0: 1}))
+    keys = [k for k, _ in open_snapshot(tmp_path / "s").iter_partition(0)]
+    assert keys == [b"\x01", b"a", b"\xff"]
+    assert decode_entry(open_snapshot(tmp_path / "s").lookup(b"a") or b"[0,[],0]").state == 1
+
+
+def test_fingerprint_is_stable_and_sensitive() -> None:
+    args = {
+        "app_id": "bank",
+        "store": "accounts",
+        "partitions": 3,
+        "commands_topic": "bank-commands",
+        "changelog_topic": "bank-accounts-changelog",
+    }
+    assert topology_fingerprint(**args) == FINGERPRINT
+    assert FINGERPRINT.startswith("sha256:") and len(FINGERPRINT) == 7 + 64
+    for name, other in [("app_id", "x"), ("store", "y"), ("partitions", 4)]:
+        assert topology_fingerprint(**{**args, name: other}) != FINGERPRINT
