@@ -1,0 +1,195 @@
+"""Prometheus metrics in the text exposition format (0.0.4), written by hand.
+
+Engine numbers are read at scrape time from the engine that runs now (it is replaced after a
+crash, so its counters restart at 0, which Prometheus' rate() treats as a counter reset). Only
+the request histogram lives here, because nothing else sees the requests.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from enhydra.processing.engine import Role
+
+if TYPE_CHECKING:
+    from enhydra.processing.engine import Engine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, object]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{name}="{_escape(str(value))}"' for name, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _number(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+class Exposition:
+    """Collects families and renders them; each family's HELP and TYPE appear once."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(
+        self, name: str, kind: str, help_text: str, value: float, **labels: object
+    ) -> Exposition:
+        family = self._families.setdefault(name, (kind, help_text, []))
+        family[2].append(f"{name}{_labels(labels)} {_number(value)}")
+        return self
+
+    def family(self, name: str, kind: str, help_text: str) -> list[str]:
+        return self._families.setdefault(name, (kind, help_text, []))[2]
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, (kind, help_text, samples) in self._families.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(samples)
+        return "\n".join(lines) + "\n"
+
+
+class Histogram:
+    """A cumulative histogram per label set (route, method, code)."""
+
+    def __init__(self, name: str, help_text: str, buckets: Iterable[float] = BUCKETS) -> None:
+        self.name = name
+        self.help_text = help_text
+        self.buckets = tuple(buckets)
+        self._series: dict[tuple[tuple[str, str], ...], list[float]] = {}
+
+    def observe(self, seconds: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = [0.0] * (len(self.buckets) + 2)  # buckets, sum, count
+        index = bisect.bisect_left(self.buckets, seconds)
+        if index < len(self.buckets):
+            series[index] += 1
+        series[-2] += seconds
+        series[-1] += 1
+
+    def write(self, out: Exposition) -> None:
+        samples = out.family(self.name, "histogram", self.help_text)
+        for key, series in sorted(self._series.items()):
+            labels = dict(key)
+            running = 0.0
+            for bound, count in zip(self.buckets, series, strict=False):
+                running += count
+                samples.append(
+                    f"{self.name}_bucket{_labels({**labels, 'le': bound})} {int(running)}"
+                )
+            samples.append(
+                f"{self.name}_bucket{_labels({**labels, 'le': '+Inf'})} {int(series[-1])}"
+            )
+            samples.append(f"{self.name}_sum{_labels(labels)} {series[-2]!r}")
+            samples.append(f"{self.name}_count{_labels(labels)} {int(series[-1])}")
+
+
+def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
+    """Processing, lag, restore, standby, failure and rebalance numbers of the engine."""
+    out.add(
+        "enhydra_up", "gauge", "1 while a stream worker runs in this instance", int(bool(engine))
+    )
+    if engine is None:
+        return
+    out.add("enhydra_ready", "gauge", "1 when every active task is restored", int(engine.ready))
+    out.add(
+        "enhydra_rebalancing",
+        "gauge",
+        "1 while a group rebalance is in progress",
+        int(engine.rebalancing),
+    )
+    out.add(
+        "enhydra_rebalances_total",
+        "counter",
+        "rebalances this stream worker took part in",
+        engine.rebalances,
+    )
+    stats = engine.stats
+    for name, text in (
+        ("processed", "input records processed"),
+        ("events", "events published"),
+        ("rejections", "commands rejected by decide"),
+        ("skipped", "redelivered records skipped (already in the state)"),
+        ("batches", "batches processed"),
+    ):
+        out.add(f"enhydra_{name}_total", "counter", text, stats.get(name, 0), store=store)
+    out.family("enhydra_failed_records_total", "counter", "records that failed, by stage and error")
+    for key, count in sorted(engine.failures.items()):
+        stage, _, error = key.partition(":")
+        out.add(
+            "enhydra_failed_records_total", "counter", "", count, stage=stage, error_class=error
+        )
+    out.family("enhydra_task", "gauge", "1 per task this instance holds, by role and status")
+    out.family("enhydra_task_processed_total", "counter", "input records processed per active task")
+    out.family(
+        "enhydra_changelog_lag_records",
+        "gauge",
+        "changelog records a local copy is behind (standby and warm-up lag; 0: current)",
+    )
+    out.family("enhydra_restore_remaining_records", "gauge", "changelog records left to restore")
+    out.family("enhydra_restore_restored_records", "gauge", "changelog records restored so far")
+    out.family(
+        "enhydra_restore_rate_records_per_second", "gauge", "restore speed of an active task"
+    )
+    for partition, task in sorted(engine.tasks.items()):
+        labels = {"store": store, "partition": partition}
+        out.add(
+            "enhydra_task",
+            "gauge",
+            "",
+            1,
+            **labels,
+            role=task.role.value,
+            status=task.status.value,
+        )
+        if task.role is Role.ACTIVE:
+            out.add("enhydra_task_processed_total", "counter", "", task.processed, **labels)
+        lag = engine.task_lag(task)
+        if lag is not None:
+            out.add(
+                "enhydra_changelog_lag_records", "gauge", "", lag, **labels, role=task.role.value
+            )
+        if task.restore:
+            out.add(
+                "enhydra_restore_remaining_records",
+                "gauge",
+                "",
+                task.restore.get("remaining", 0),
+                **labels,
+            )
+            out.add(
+                "enhydra_restore_restored_records",
+                "gauge",
+                "",
+                task.restore.get("restored", 0),
+                **labels,
+            )
+            out.add(
+                "enhydra_restore_rate_records_per_second",
+                "gauge",
+                "",
+                task.restore.get("rate", 0.0),
+                **labels,
+            )
+    out.family(
+        "enhydra_consumer_lag_records",
+        "gauge",
+        "input records on the broker not yet processed, per active partition",
+    )
+    for partition, lag in sorted(engine.input_lag().items()):
+        out.add("enhydra_consumer_lag_records", "gauge", "", lag, store=store, partition=partition)
