@@ -41,6 +41,11 @@ EXPECTED_FILES = {
     "tests/test_deploy_files.py",
     "tests/test_domain.py",
     "tests/test_integration.py",
+    "tests/test_topology.py",
+    "tests/test_backfill.py",
+    "jobs/backfill.py",
+    "jobs/README.md",
+    "topology.json",
     "wheelhouse/README.md",
 }
 

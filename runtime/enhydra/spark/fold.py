@@ -1,0 +1,385 @@
+"""The fold: per key, in (partition, offset) order, run the service's own `apply`.
+
+The pure core (`EventFold`, `fold_batches`) needs only pyarrow: it takes Arrow batches sorted by
+(key, partition, offset) and carries the current key's state across batch boundaries, so memory
+per task is one key's state plus one batch, whatever the number of events. `fold_events` wires
+it into Spark: repartition by key, sortWithinPartitions, mapInArrow (a per-group applyInPandas,
+one pandas frame per key, was measured 15x slower for the same work).
+
+What the fold builds is the runtime's own Entry envelope (processing/core.py), from the headers
+the engine puts on every event:
+- offset: the `enhydra.command_offset` of the last command applied, so a clone resumes on the
+  commands topic right after it;
+- command_ids: the last `dedup_window` ids from `enhydra.command_id`, one per command.
+
+Duplicated events (at-least-once outputs: a crash after producing a batch's events and before
+its changelog write re-produces them on redelivery; exactly-once output aborts the first copy,
+which read_committed never shows) are skipped the way the runtime skips a redelivered command:
+a run of events whose command offset is at or below the last applied command is not applied
+again. When events carry `enhydra.event_index` (the event's position among its command's
+events) the rule is exact per event. Without it, a copy that directly follows its original in
+the key's events (the crashed batch held no later command of that key) cannot be told apart
+from one command that emitted several events, and is applied: the fold cannot know how many
+events a command had.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from enhydra.aggregate import Aggregate, loads
+from enhydra.processing.core import Entry, encode_entry
+
+COMMAND_ID_HEADER = "enhydra.command_id"
+COMMAND_OFFSET_HEADER = "enhydra.command_offset"
+EVENT_INDEX_HEADER = "enhydra.event_index"
+
+INPUT_COLUMNS = ["key", "partition", "offset", "value", "command_id", "command_offset", "index"]
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("partition", pa.int32()),
+        ("value", pa.binary()),
+        ("key_text", pa.string()),
+        ("state", pa.string()),
+        ("last_offset", pa.int64()),
+        ("events", pa.int64()),
+    ]
+)
+OUTPUT_DDL = (
+    "key binary, partition int, value binary, key_text string, state string, "
+    "last_offset long, events long"
+)
+_OUT_ROWS = 10_000
+
+
+class FoldError(RuntimeError):
+    """An event cannot be folded; the message names the key, partition and offset."""
+
+
+def load_aggregate(target: str | Aggregate | Any) -> Aggregate:
+    """An Aggregate from `module:attr` naming a Service or an Aggregate (or the object)."""
+    obj = target
+    if isinstance(target, str):
+        module_name, sep, attr = target.partition(":")
+        if not sep or not module_name or not attr:
+            raise FoldError(f"{target!r}: expected MODULE:ATTR, e.g. ledger.service:service")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise FoldError(f"cannot import {module_name!r}: {exc}") from exc
+        try:
+            obj = getattr(module, attr)
+        except AttributeError:
+            raise FoldError(f"{module_name!r} has no attribute {attr!r}") from None
+    aggregate = getattr(obj, "aggregate", obj)
+    if not isinstance(aggregate, Aggregate):
+        raise FoldError(f"{target!r} is {type(obj).__name__}, not a Service or an Aggregate")
+    return aggregate
+
+
+def _int_header(raw: bytes | None, name: str, where: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise FoldError(f"{where}: header {name} = {raw!r} is not a number") from None
+
+
+class EventFold:
+    """The streaming fold of one task: feed sorted rows, get one entry per finished key."""
+
+    def __init__(
+        self,
+        apply: Callable[[Any, Any], Any],
+        *,
+        initial_state: Any = None,
+        dedup_window: int = 100,
+        decode: Callable[[bytes], Any] = loads,
+        keep_events: bool = False,
+    ) -> None:
+        self.apply = apply
+        self.keep_events = keep_events
+        self.kept: list[tuple[Any, ...]] = []  # applied events, when keep_events
+        self.initial_state = initial_state
+        self.dedup_window = dedup_window
+        self.decode = decode
+        self.key: bytes | None = None
+        self.events_seen = 0
+
+    def _start(self, key: bytes, partition: int) -> None:
+        self.key = key
+        self.partition = partition
+        self.state = self.initial_state
+        self.offset = -1  # command offset of the last command applied
+        self.index = -1  # event index within it, when events carry one
+        self.previous: int | None = None  # command offset of the previous row of this key
+        self.ids: list[str] = []
+        self.applied = 0
+
+    def _row(self) -> tuple[Any, ...]:
+        key = self.key
+        assert key is not None
+        try:
+            key_text: str | None = key.decode("utf-8")
+        except UnicodeDecodeError:
+            key_text = None
+        value = encode_entry(Entry(self.state, self.offset, self.ids))
+        state = orjson.dumps(self.state).decode("utf-8")
+        return (key, self.partition, value, key_text, state, self.offset, self.applied)
+
+    def feed(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Fold rows (key, partition, offset, value, command_id, command_offset, index)."""
+        out: list[tuple[Any, ...]] = []
+        apply = self.apply
+        decode = self.decode
+        window = self.dedup_window
+        for key, partition, offset, value, command_id, command_offset, index in rows:
+            self.events_seen += 1
+            if key != self.key:
+                if key is None:
+                    raise FoldError(f"event at partition {partition} offset {offset} has no key")
+                if self.key is not None:
+                    if key < self.key:
+                        raise FoldError("events must be sorted by key, partition and offset")
+                    out.append(self._row())
+                self._start(key, partition)
+            elif partition != self.partition:
+                raise FoldError(
+                    f"key {key!r} has events in partitions {self.partition} and {partition}: "
+                    "the events topic was repartitioned or written with another partitioner, "
+                    "so there is no single order to fold them in"
+                )
+            where = f"key {key!r} at partition {partition} offset {offset}"
+            cmd_offset = _int_header(command_offset, COMMAND_OFFSET_HEADER, where)
+            new_command = False
+            if cmd_offset is not None:
+                event_index = _int_header(index, EVENT_INDEX_HEADER, where)
+                if event_index is not None:
+                    duplicate = (cmd_offset, event_index) <= (self.offset, self.index)
+                else:
+                    duplicate = cmd_offset < self.offset or (
+                        cmd_offset == self.offset and self.previous != cmd_offset
+                    )
+                self.previous = cmd_offset
+                if duplicate:
+                    continue
+                new_command = cmd_offset != self.offset
+            if value is None:
+                raise FoldError(f"{where}: the event has no value")
+            try:
+                event = decode(value)
+            except Exception as exc:
+                raise FoldError(f"{where}: the event is not valid JSON: {exc}") from None
+            try:
+                self.state = apply(self.state, event)
+            except Exception as exc:
+                raise FoldError(f"{where}: apply failed on {event!r}: {exc!r}") from exc
+            self.applied += 1
+            if self.keep_events:
+                self.kept.append((key, partition, value, command_id, command_offset, index))
+            if cmd_offset is None:
+                continue  # an event from elsewhere: it changes state, not the bookkeeping
+            self.offset = cmd_offset
+            self.index = event_index if event_index is not None else -1
+            if new_command and window:
+                if command_id is None:
+                    raise FoldError(f"{where}: header {COMMAND_ID_HEADER} is missing")
+                self.ids.append(command_id.decode("utf-8"))
+                if len(self.ids) > window:
+                    del self.ids[0]
+        return out
+
+    def finish(self) -> list[tuple[Any, ...]]:
+        """The entry of the last key (its events may have spanned many batches)."""
+        if self.key is None:
+            return []
+        row = self._row()
+        self.key = None
+        return [row]
+
+
+def _output_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in OUTPUT_SCHEMA]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, f.type) for col, f in zip(columns, OUTPUT_SCHEMA, strict=True)],
+        schema=OUTPUT_SCHEMA,
+    )
+
+
+def fold_batches(
+    batches: Iterable[pa.RecordBatch],
+    aggregate: Aggregate,
+    *,
+    dedup_window: int = 100,
+) -> Iterator[pa.RecordBatch]:
+    """Fold Arrow batches sorted by (key, partition, offset) into one row per key."""
+    fold = EventFold(
+        aggregate.apply, initial_state=aggregate.initial_state, dedup_window=dedup_window
+    )
+    pending: list[tuple[Any, ...]] = []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        names = batch.schema.names
+        columns = [
+            batch.column(name).to_pylist() if name in names else [None] * batch.num_rows
+            for name in INPUT_COLUMNS
+        ]
+        pending.extend(fold.feed(zip(*columns, strict=True)))
+        if len(pending) >= _OUT_ROWS:
+            yield _output_batch(pending)
+            pending = []
+    pending.extend(fold.finish())
+    if pending:
+        yield _output_batch(pending)
+
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("partition", pa.int32()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+EVENTS_DDL = (
+    "key binary, value binary, partition int, headers array<struct<key: string, value: binary>>"
+)
+
+
+def applied_events(
+    batches: Iterable[pa.RecordBatch], aggregate: Aggregate, *, dedup_window: int = 100
+) -> Iterator[pa.RecordBatch]:
+    """The events the fold applied, in fold order: each once, duplicates from redeliveries gone.
+
+    Re-emitted to a topic they are a corrected history (one copy per command, per-key order),
+    e.g. the events topic of a clone, whose state then agrees with its events.
+    """
+    fold = EventFold(
+        aggregate.apply,
+        initial_state=aggregate.initial_state,
+        dedup_window=dedup_window,
+        keep_events=True,
+    )
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        names = batch.schema.names
+        columns = [
+            batch.column(name).to_pylist() if name in names else [None] * batch.num_rows
+            for name in INPUT_COLUMNS
+        ]
+        fold.feed(zip(*columns, strict=True))
+        if fold.kept:
+            yield _events_batch(fold.kept)
+            fold.kept = []
+
+
+def _events_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    headers = []
+    for _key, _partition, _value, command_id, command_offset, index in rows:
+        row = []
+        if command_id is not None:
+            row.append({"key": COMMAND_ID_HEADER, "value": command_id})
+        if command_offset is not None:
+            row.append({"key": COMMAND_OFFSET_HEADER, "value": command_offset})
+        if index is not None:
+            row.append({"key": EVENT_INDEX_HEADER, "value": index})
+        headers.append(row or None)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([r[0] for r in rows], pa.binary()),
+            pa.array([r[2] for r in rows], pa.binary()),
+            pa.array([r[1] for r in rows], pa.int32()),
+            pa.array(headers, EVENTS_SCHEMA.field("headers").type),
+        ],
+        schema=EVENTS_SCHEMA,
+    )
+
+
+class Folder:
+    """The mapInArrow function: picklable, imports the aggregate once per Python worker."""
+
+    def __init__(self, target: str | Aggregate, dedup_window: int) -> None:
+        self.target = target
+        self.dedup_window = dedup_window
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        aggregate = _cached_aggregate(self.target)
+        yield from fold_batches(batches, aggregate, dedup_window=self.dedup_window)
+
+
+class EventKeeper(Folder):
+    """The mapInArrow function that yields the applied events instead of the entries."""
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        aggregate = _cached_aggregate(self.target)
+        yield from applied_events(batches, aggregate, dedup_window=self.dedup_window)
+
+
+_AGGREGATES: dict[Any, Aggregate] = {}
+
+
+def _cached_aggregate(target: str | Aggregate) -> Aggregate:
+    if isinstance(target, Aggregate):
+        return target
+    if target not in _AGGREGATES:
+        _AGGREGATES[target] = load_aggregate(target)
+    return _AGGREGATES[target]
+
+
+# --------------------------------------------------------------------------- spark
+
+
+def _header(name: str) -> str:
+    return f"get(filter(headers, h -> h.key = '{name}'), 0).value"
+
+
+def prepare_events(events: Any) -> Any:
+    """Project the events to what the fold needs; headers become columns before the shuffle."""
+    from pyspark.sql import functions as F
+
+    return events.select(
+        "key",
+        "partition",
+        "offset",
+        "value",
+        F.expr(_header(COMMAND_ID_HEADER)).alias("command_id"),
+        F.expr(_header(COMMAND_OFFSET_HEADER)).alias("command_offset"),
+        F.expr(_header(EVENT_INDEX_HEADER)).alias("index"),
+    )
+
+
+def _sorted_by_key(events: Any, tasks: int | None) -> Any:
+    prepared = prepare_events(events)
+    shuffled = prepared.repartition(tasks, "key") if tasks else prepared.repartition("key")
+    return shuffled.sortWithinPartitions("key", "partition", "offset")
+
+
+def corrected_events(
+    events: Any, target: str | Aggregate, *, dedup_window: int = 100, tasks: int | None = None
+) -> Any:
+    """The events the fold applies (key, value, partition, headers), duplicates removed."""
+    return _sorted_by_key(events, tasks).mapInArrow(EventKeeper(target, dedup_window), EVENTS_DDL)
+
+
+def fold_events(
+    events: Any,
+    target: str | Aggregate,
+    *,
+    dedup_window: int = 100,
+    tasks: int | None = None,
+) -> Any:
+    """A DataFrame with one row per key: the Entry envelope the runtime would hold, decoded too.
+
+    `events` has the read_events schema. No event reaches the driver: the shuffle groups keys,
+    each task folds its sorted keys with bounded memory.
+    """
+    return _sorted_by_key(events, tasks).mapInArrow(Folder(target, dedup_window), OUTPUT_DDL)

@@ -1,0 +1,357 @@
+"""Reading an events topic into Spark, bounded: the end is fixed before the job reads anything.
+
+Two readers with one schema (key, value, topic, partition, offset, timestamp, headers):
+- `kafka`: Spark's own Kafka source (spark-sql-kafka-0-10, see jars.py) when it is on the
+  classpath; the JVM reads, nothing passes through Python until the fold.
+- `python`: a Python Data Source (format "enhydra-kafka") that splits each partition's offset
+  range into input partitions and reads them in parallel with aiokafka inside the Python
+  workers. It needs nothing but pyspark, so it also runs where jars cannot be added.
+
+Both read with isolation.level=read_committed and fail when an offset in the range is gone
+(retention): a rebuild from a silently shortened history would be wrong, not just incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from enhydra.logs import get_logger
+
+log = get_logger("enhydra.spark.source")
+
+FORMAT = "enhydra-kafka"
+COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "headers"]
+SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, headers array<struct<key: string, value: binary>>"
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+METHODS = ("auto", "kafka", "python")
+
+
+class SourceError(RuntimeError):
+    """The events cannot be read as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Records [start, end) of one partition."""
+
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return max(0, self.end - self.start)
+
+
+# --------------------------------------------------------------------------- offsets
+
+
+def resolve_ranges(
+    bootstrap: str,
+    topic: str,
+    *,
+    until_offsets: Mapping[int, int] | None = None,
+    until_time: datetime | None = None,
+) -> list[OffsetRange]:
+    """Fix what a job reads: from each partition's beginning to its end now, or to the bound.
+
+    `until_offsets` {partition: offset} is exclusive (partitions not named read to their end).
+    `until_time` stops each partition before its first record at or after that time.
+    """
+    if until_offsets is not None and until_time is not None:
+        raise SourceError("give until_offsets or until_time, not both")
+    return asyncio.run(_resolve(bootstrap, topic, until_offsets, until_time))
+
+
+async def _resolve(
+    bootstrap: str,
+    topic: str,
+    until_offsets: Mapping[int, int] | None,
+    until_time: datetime | None,
+) -> list[OffsetRange]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise SourceError(
+                f"topic {topic!r} does not exist on {bootstrap} (is the app id right?)"
+            )
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        bounds = {tp.partition: ends[tp] for tp in tps}
+        if until_offsets is not None:
+            unknown = sorted(set(until_offsets) - set(bounds))
+            if unknown:
+                raise SourceError(f"until_offsets names partitions {unknown} that {topic} lacks")
+            for p, offset in until_offsets.items():
+                if offset < 0 or offset > bounds[p]:
+                    raise SourceError(
+                        f"until_offsets[{p}] = {offset} is outside 0..{bounds[p]} "
+                        f"(the end of {topic}[{p}] now)"
+                    )
+                bounds[p] = offset
+        if until_time is not None:
+            if until_time.tzinfo is None:
+                until_time = until_time.replace(tzinfo=UTC)
+            ms = int(until_time.timestamp() * 1000)
+            found = await consumer.offsets_for_times({tp: ms for tp in tps})
+            for tp in tps:
+                hit = found.get(tp)
+                if hit is not None:
+                    bounds[tp.partition] = min(bounds[tp.partition], hit.offset)
+        ranges = [OffsetRange(tp.partition, starts[tp], bounds[tp.partition]) for tp in tps]
+        truncated = {r.partition: r.start for r in ranges if r.start > 0}
+        if truncated:
+            log.warning(
+                "events topic does not start at offset 0; history before is gone (retention)",
+                topic=topic,
+                first_offsets=truncated,
+            )
+        return ranges
+    finally:
+        await consumer.stop()
+
+
+def split_ranges(ranges: list[OffsetRange], max_records: int) -> list[OffsetRange]:
+    """Cut ranges into pieces of at most `max_records`, so big partitions read in parallel."""
+    pieces = []
+    for r in ranges:
+        start = r.start
+        while start < r.end:
+            end = min(r.end, start + max_records)
+            pieces.append(OffsetRange(r.partition, start, end))
+            start = end
+    return pieces
+
+
+# --------------------------------------------------------------------------- python source
+
+
+class _Split(InputPartition):
+    def __init__(self, partition: int, start: int, end: int) -> None:
+        super().__init__((partition, start, end))
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+class KafkaEventsDataSource(DataSource):
+    """`spark.read.format("enhydra-kafka")` with options bootstrap, topic, ranges (JSON)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _KafkaReader(dict(self.options))
+
+
+class _KafkaReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        try:
+            self.bootstrap = options["bootstrap"]
+            self.topic = options["topic"]
+            self.ranges = [OffsetRange(*r) for r in json.loads(options["ranges"])]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SourceError(f"{FORMAT} needs options bootstrap, topic and ranges: {exc}") from exc
+        self.split_records = int(options.get("split_records", "250000"))
+        self.batch_records = int(options.get("batch_records", "10000"))
+        self.timeout_s = float(options.get("timeout_s", "120"))
+
+    def partitions(self) -> list[InputPartition]:
+        pieces = split_ranges(self.ranges, self.split_records)
+        return [_Split(p.partition, p.start, p.end) for p in pieces] or [_Split(0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        split: _Split = partition  # type: ignore[assignment]
+        if split.end <= split.start:
+            return
+        yield from read_range(
+            self.bootstrap,
+            self.topic,
+            OffsetRange(split.partition, split.start, split.end),
+            batch_records=self.batch_records,
+            timeout_s=self.timeout_s,
+        )
+
+
+def read_range(
+    bootstrap: str,
+    topic: str,
+    rng: OffsetRange,
+    *,
+    batch_records: int = 10000,
+    timeout_s: float = 120.0,
+) -> Iterator[pa.RecordBatch]:
+    """Records [start, end) of one partition as Arrow batches, from a synchronous caller."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.errors import OffsetOutOfRangeError
+
+    loop = asyncio.new_event_loop()
+    tp = TopicPartition(topic, rng.partition)
+
+    async def open_consumer() -> AIOKafkaConsumer:
+        # aiokafka binds to the running loop, so the consumer is created inside it.
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="none",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
+        await consumer.start()
+        consumer.assign([tp])
+        consumer.seek(tp, rng.start)
+        return consumer
+
+    run = loop.run_until_complete
+    consumer: AIOKafkaConsumer | None = None
+    try:
+        consumer = run(open_consumer())
+        last_progress = time.monotonic()
+        while True:
+            position = run(consumer.position(tp))
+            if position >= rng.end:
+                return
+            try:
+                fetched = run(consumer.getmany(tp, timeout_ms=500, max_records=batch_records))
+            except OffsetOutOfRangeError as exc:
+                raise SourceError(
+                    f"{topic}[{rng.partition}] offsets {rng.start}..{rng.end} are no longer all "
+                    f"in Kafka (deleted by retention?): {exc}"
+                ) from exc
+            records = [r for r in fetched.get(tp, []) if r.offset < rng.end]
+            if records:
+                last_progress = time.monotonic()
+                yield _to_arrow(topic, records)
+            elif time.monotonic() - last_progress > timeout_s:
+                raise SourceError(
+                    f"no progress reading {topic}[{rng.partition}] at offset {position} (range "
+                    f"{rng.start}..{rng.end}) for {timeout_s:.0f}s; is {bootstrap} reachable?"
+                )
+    finally:
+        if consumer is not None:
+            run(consumer.stop())
+        loop.close()
+
+
+def _to_arrow(topic: str, records: list[Any]) -> pa.RecordBatch:
+    headers = [[{"key": k, "value": v} for k, v in r.headers] or None for r in records]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+            pa.array([topic] * len(records), pa.string()),
+            pa.array([r.partition for r in records], pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.timestamp * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+            pa.array(headers, ARROW_SCHEMA.field("headers").type),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def read_events(
+    spark: Any,
+    topic: str,
+    bootstrap: str,
+    until_offsets: Mapping[int, int] | None = None,
+    until_time: datetime | None = None,
+    method: str = "auto",
+    *,
+    ranges: list[OffsetRange] | None = None,
+    split_records: int = 250_000,
+) -> Any:
+    """A bounded DataFrame of `topic`: offsets fixed now (or by until_*), same schema either way.
+
+    method "kafka" uses Spark's Kafka source and fails without its jars; "python" uses the
+    Python Data Source; "auto" prefers Spark's source and falls back to the Python one.
+    `ranges` skips resolving offsets (the job resolves them once and reuses them for the cut).
+    """
+    if method not in METHODS:
+        raise SourceError(f"method {method!r}: expected one of {', '.join(METHODS)}")
+    if ranges is None:
+        ranges = resolve_ranges(
+            bootstrap, topic, until_offsets=until_offsets, until_time=until_time
+        )
+    if method in ("auto", "kafka"):
+        try:
+            df = _spark_kafka(spark, topic, bootstrap, ranges, split_records)
+            log.info("reading events with spark's kafka source", topic=topic)
+            return df
+        except Exception as exc:
+            if method == "kafka" or not _connector_missing(exc):
+                raise
+            log.info("spark's kafka source is not on the classpath; using the python source")
+    spark.dataSource.register(KafkaEventsDataSource)
+    log.info("reading events with the python data source", topic=topic)
+    return (
+        spark.read.format(FORMAT)
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("ranges", json.dumps([[r.partition, r.start, r.end] for r in ranges]))
+        .option("split_records", str(split_records))
+        .load()
+    )
+
+
+def _connector_missing(exc: Exception) -> bool:
+    text = str(exc)
+    return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source: kafka" in text
+
+
+def _spark_kafka(
+    spark: Any, topic: str, bootstrap: str, ranges: list[OffsetRange], split_records: int
+) -> Any:
+    starts = {topic: {str(r.partition): r.start for r in ranges}}
+    ends = {topic: {str(r.partition): r.end for r in ranges}}
+    total = sum(r.count for r in ranges)
+    df = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("kafka.isolation.level", "read_committed")
+        .option("subscribe", topic)
+        .option("startingOffsets", json.dumps(starts))
+        .option("endingOffsets", json.dumps(ends))
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "true")
+        .option("minPartitions", str(max(len(ranges), -(-total // split_records))))
+        .load()
+    )
+    return df.select(*COLUMNS)

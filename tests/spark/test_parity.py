@@ -1,0 +1,217 @@
+"""Parity: the ledger run by the real service, then rebuilt by Spark from its events topic.
+
+Two real instances process 20,000 commands over 2,000 accounts; Spark must arrive at the same
+state key by key through both Kafka readers, and its snapshot must hold the very Entry envelopes
+(state, offset, command ids) the live stores hold, as their changelog records them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from enhydra.processing.core import Entry, decode_entry
+from enhydra.snapshots import load_into_stores, open_snapshot, topology_fingerprint
+from enhydra.spark.fold import fold_events
+from enhydra.spark.job import run_backfill
+from enhydra.spark.source import read_events
+from enhydra.stores.partition import PartitionStore
+from enhydra.testing.processes import (
+    ServiceProcess,
+    end_offsets,
+    produce_json,
+    read_topic,
+    service_env,
+    wait_for_committed,
+)
+from ledger.workload import generate, model
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(420)]
+
+TARGET = "ledger.service:service"
+PARTITIONS = 4
+
+
+@dataclass
+class LedgerRun:
+    app_id: str
+    bootstrap: str
+    commands: list[tuple[str, dict[str, Any]]]
+    served: dict[str, dict[str, Any]]  # what the instances answer over HTTP
+    changelog: dict[bytes, Entry]  # the live stores' entries, latest per key
+
+
+def read_hosted(instances: list[ServiceProcess], accounts: list[str]) -> dict[str, dict]:
+    """Each account from the instance that hosts it (forward=false: 421 means another one)."""
+    found: dict[str, dict] = {}
+    for account in accounts:
+        path = f"/v1/stores/accounts/keys/{account}?forward=false"
+        answers = [instance.get(path) for instance in instances]
+        hits = [body for status, body in answers if status == 200]
+        assert len(hits) <= 1, f"{account} hosted by more than one instance: {answers}"
+        if hits:
+            found[account] = hits[0]
+        else:
+            assert all(status in (404, 421) for status, _ in answers), answers
+    return found
+
+
+@pytest.fixture(scope="module")
+def ledger_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """2 ledger instances, 20,000 commands; state read back from whichever instance hosts it."""
+    import uuid
+
+    app_id = f"t-spark-parity-{uuid.uuid4().hex[:8]}"
+    tmp = tmp_path_factory.mktemp("parity")
+    instances = []
+    for name in ("i1", "i2"):
+        env = service_env(
+            app_id=app_id,
+            bootstrap=kafka_bootstrap,
+            instance_id=name,
+            state_dir=tmp / f"state-{name}",
+            partitions=PARTITIONS,
+        )
+        instances.append(ServiceProcess(TARGET, env, tmp / f"{name}.log").start())
+    try:
+        for instance in instances:
+            instance.wait_ready()
+        commands = generate(2000, 20_000, seed=23)
+        asyncio.run(produce_json(kafka_bootstrap, f"{app_id}-commands", commands))
+        asyncio.run(wait_for_committed(kafka_bootstrap, app_id, f"{app_id}-commands", timeout=120))
+        served = read_hosted(instances, sorted({key for key, _ in commands}))
+        records = asyncio.run(read_topic(kafka_bootstrap, f"{app_id}-accounts-changelog"))
+        changelog = {r.key: decode_entry(r.value) for r in records}
+        yield LedgerRun(app_id, kafka_bootstrap, commands, served, changelog)
+    finally:
+        for instance in instances:
+            try:
+                instance.stop(timeout=30)
+            except TimeoutError:
+                instance.kill()
+
+
+def as_tuple(entry: Entry) -> tuple[Any, int, list[str]]:
+    return (entry.state, entry.offset, entry.command_ids)
+
+
+@pytest.mark.parametrize("method", ["kafka", "python"])
+def test_spark_state_equals_the_service_state(spark, ledger_run: LedgerRun, method: str) -> None:
+    events = read_events(spark, f"{ledger_run.app_id}-events", ledger_run.bootstrap, method=method)
+    assert events.count() == sum(s["version"] for s in ledger_run.served.values())
+    folded = fold_events(events, TARGET).select("key_text", "state", "value").collect()
+    rebuilt = {row.key_text: orjson.loads(row.state) for row in folded}
+    assert len(rebuilt) == len(ledger_run.served) > 1800
+    assert rebuilt == ledger_run.served
+    assert rebuilt == model(ledger_run.commands)
+    envelopes = {row.key_text.encode(): as_tuple(decode_entry(row.value)) for row in folded}
+    assert envelopes == {k: as_tuple(e) for k, e in ledger_run.changelog.items()}
+
+
+def test_snapshot_holds_the_live_entries_and_loads_into_stores(
+    spark, ledger_run: LedgerRun, tmp_path: Path
+) -> None:
+    app_id = ledger_run.app_id
+    result = run_backfill(
+        spark,
+        TARGET,
+        bootstrap=ledger_run.bootstrap,
+        app_id=app_id,
+        snapshot=tmp_path / "snap",
+        output=str(tmp_path / "state.parquet"),
+    )
+    fingerprint = topology_fingerprint(
+        app_id=app_id,
+        store="accounts",
+        partitions=PARTITIONS,
+        commands_topic=f"{app_id}-commands",
+        changelog_topic=f"{app_id}-accounts-changelog",
+    )
+    snap = open_snapshot(tmp_path / "snap", fingerprint)
+    assert snap.manifest.source == "spark-backfill"
+    assert sorted(snap.partitions) == list(range(PARTITIONS))
+    entries = {}
+    for p in snap.partitions:
+        keys = [k for k, _ in snap.iter_partition(p)]
+        assert keys == sorted(keys)
+        entries.update((k, as_tuple(e)) for k, e in snap.entries(p))
+    assert entries == {k: as_tuple(e) for k, e in ledger_run.changelog.items()}
+
+    # The cut: right after the last accepted command of each commands partition.
+    last: dict[int, int] = {}
+    for p in snap.partitions:
+        for _, entry in snap.entries(p):
+            last[p] = max(last.get(p, -1), entry.offset)
+    assert snap.cut.topic == f"{app_id}-commands"
+    assert snap.cut.offsets == {p: last[p] + 1 for p in range(PARTITIONS)}
+    ends = asyncio.run(end_offsets(ledger_run.bootstrap, f"{app_id}-commands"))
+    assert all(snap.cut.offsets[p] <= ends[p] for p in ends)
+    assert result.cut == snap.cut and result.keys == len(entries)
+
+    # Loaded into fresh stores, the entries and the input checkpoint are the snapshot's.
+    loaded = load_into_stores(snap, tmp_path / "state" / "clone" / "accounts")
+    assert sum(loaded.values()) == len(entries)
+    for p, cut in snap.cut.offsets.items():
+        store = PartitionStore(tmp_path / "state" / "clone" / "accounts" / str(p))
+        try:
+            assert store.input_offset == cut - 1
+            assert dict(store.items()) == dict(snap.iter_partition(p))
+        finally:
+            store.close()
+
+    # The analytics copy holds the same states.
+    parquet = spark.read.parquet(str(tmp_path / "state.parquet")).collect()
+    assert {r.key_text: orjson.loads(r.state) for r in parquet} == ledger_run.served
+
+
+def test_until_offsets_rebuilds_an_earlier_state(
+    spark, ledger_run: LedgerRun, tmp_path: Path
+) -> None:
+    """Half of each events partition folds to what the events up to there say."""
+    topic = f"{ledger_run.app_id}-events"
+    ends = asyncio.run(end_offsets(ledger_run.bootstrap, topic))
+    half = {p: end // 2 for p, end in ends.items()}
+    records = asyncio.run(read_topic(ledger_run.bootstrap, topic))
+    from ledger.domain import apply
+
+    expected: dict[str, Any] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        if r.offset < half[r.partition]:
+            key = r.key.decode()
+            expected[key] = apply(expected.get(key), orjson.loads(r.value))
+    for method in ("kafka", "python"):
+        events = read_events(spark, topic, ledger_run.bootstrap, until_offsets=half, method=method)
+        rows = fold_events(events, "ledger.domain:accounts").collect()
+        assert {r.key_text: orjson.loads(r.state) for r in rows} == expected, method
+
+
+@pytest.mark.parametrize("method", ["kafka", "python"])
+def test_corrected_events_are_re_emitted_in_key_order(
+    spark, ledger_run: LedgerRun, method: str
+) -> None:
+    source = f"{ledger_run.app_id}-events"
+    target = f"{ledger_run.app_id}-events-corrected-{method}"
+    result = run_backfill(
+        spark,
+        TARGET,
+        bootstrap=ledger_run.bootstrap,
+        app_id=ledger_run.app_id,
+        emit_events=target,
+        method=method,
+    )
+
+    def per_key(topic: str) -> dict[bytes, list[tuple[int, bytes, list]]]:
+        out: dict[bytes, list[tuple[int, bytes, list]]] = {}
+        for r in asyncio.run(read_topic(ledger_run.bootstrap, topic)):
+            out.setdefault(r.key, []).append((r.partition, r.value, list(r.headers)))
+        return out
+
+    original = per_key(source)
+    assert result.emitted == sum(len(v) for v in original.values())
+    assert per_key(target) == original  # nothing was duplicated in this run: the same history
