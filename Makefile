@@ -9,13 +9,14 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 	@$(VENV)/bin/enhydra kafka fetch
+	@$(PY) -m enhydra.spark.jars >/dev/null
 
 $(STAMP): pyproject.toml examples/ledger/pyproject.toml
 	@command -v java >/dev/null || { echo "java is missing: apt-get install openjdk-17-jre-headless"; exit 1; }
 	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install maven"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -e examples/ledger
+	$(PY) -m pip install --quiet -e '.[dev,spark]' -e examples/ledger
 	@touch $(STAMP)
 
 demo: setup

@@ -71,7 +71,7 @@ def main() -> int:
         served_by: collections.Counter[str] = collections.Counter()
         for account in sorted({key for key, _ in commands}):
             for inst in instances:
-                status, body = inst.get(f"/v1/stores/accounts/keys/{account}")
+                status, body = inst.get(f"/v1/stores/accounts/keys/{account}?forward=false")
                 if status == 200:
                     balances[account] = body
                     served_by[inst.instance_id] += 1

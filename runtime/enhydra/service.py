@@ -9,8 +9,10 @@ processing/engine.py for why that ordering is safe).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -18,7 +20,7 @@ from aiohttp import web
 from faust.app.base import BootStrategy
 from mode import Service as ModeService
 
-from enhydra.aggregate import Aggregate
+from enhydra.aggregate import Aggregate, BoundAggregate
 from enhydra.control.channel import SHUTDOWN_APPLICATION, ControlChannel
 from enhydra.errors.policies import ErrorPolicies, Handler, UncaughtPolicy
 from enhydra.errors.uncaught import (
@@ -29,9 +31,14 @@ from enhydra.errors.uncaught import (
     UncaughtHandler,
 )
 from enhydra.logs import configure_logging, get_logger
+from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
 from enhydra.processing.engine import Engine
-from enhydra.query.http import build_app
+from enhydra.projections.host import ProjectionHost
+from enhydra.projections.model import Projection
+from enhydra.query.http import AdminRoute, build_app
 from enhydra.settings import Settings
+from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
+from enhydra.snapshots.live import Hook as SnapshotHook
 
 log = get_logger("enhydra.service")
 
@@ -70,9 +77,21 @@ class _Supervisor(ModeService):
         self.control = ControlChannel(
             s.bootstrap_servers, s.app_id, s.instance_id, self._on_control
         )
+        svc.snapshots = LiveSnapshots(svc, self.control.send)
         await self.control.start()
+        svc.snapshots.start()
+        if s.snapshot_interval_s:
+            self._handling.append(asyncio.ensure_future(svc.snapshots.periodic()))
+        svc.projection_host = ProjectionHost(svc)  # the service's and its plugins' projections
+        await svc.projection_host.start()
 
     async def on_stop(self) -> None:
+        for pending in self._handling:
+            pending.cancel()
+        if self.owner.projection_host is not None:
+            await self.owner.projection_host.stop()
+        if self.owner.snapshots is not None:
+            await self.owner.snapshots.stop()
         if self.owner.engine is not None:
             await self.owner.engine.stop()
         if getattr(self, "control", None) is not None:
@@ -108,6 +127,8 @@ class _Supervisor(ModeService):
         svc.shutdown(EXIT_SHUTDOWN_CLIENT, "shutting down this instance")
 
     async def _on_control(self, message: dict[str, Any]) -> None:
+        if self.owner.snapshots is not None:
+            await self.owner.snapshots.on_message(message)
         if message.get("type") == SHUTDOWN_APPLICATION:
             self.owner.shutdown(
                 EXIT_SHUTDOWN_APPLICATION,
@@ -156,6 +177,8 @@ class Service:
         on_processing_error: Handler | None = None,
         on_production_error: Handler | None = None,
         on_uncaught_error: UncaughtHandler | None = None,
+        projections: Sequence[Projection] = (),
+        schemas: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> None:
         self.aggregate = aggregate
@@ -168,6 +191,53 @@ class Service:
         self.app: faust.App | None = None
         self.exit_code = 0
         self._stop_worker: Callable[[], None] | None = None
+        # Read models built from the events topic (enhydra.projections); plugins add theirs.
+        self.projections: list[Projection] = list(projections)
+        # Declared JSON Schemas of key/commands/events/state, compared by `topology check`.
+        self.schemas: dict[str, Any] = dict(schemas or {})
+        self.plugins: list[LoadedPlugin] = []  # loaded from entry points when the service builds
+        self.plugins_loaded = False
+        self.projection_host: ProjectionHost | None = None
+        self.snapshots: LiveSnapshots | None = None
+        self._snapshot_hooks: list[SnapshotHook] = []
+        # Extra (method, path, handler) HTTP endpoints behind ENHYDRA_ADMIN_TOKEN (query/http.py).
+        self.admin_routes: list[AdminRoute] = [("POST", "/v1/admin/snapshots", self._snapshot_now)]
+
+    def on_snapshot(self, hook: SnapshotHook) -> SnapshotHook:
+        """Register `hook(phase, info)`, called "before" and "after" every live snapshot.
+
+        Runs on the instance coordinating the snapshot. Raising in "before" cancels the
+        snapshot (validation); "after" receives the cut and row count (upload, notify).
+        """
+        self._snapshot_hooks.append(hook)
+        return hook
+
+    async def _snapshot_now(self, request: web.Request) -> web.Response:
+        """Take a consistent snapshot of the whole application now (returns its id at once).
+
+        Body (optional JSON): {"storage": "<url>"}; default ENHYDRA_SNAPSHOT_STORAGE. Poll
+        `enhydra snapshot list` or watch the log for "snapshot written".
+        """
+        body = await request.json() if request.can_read_body else {}
+        storage = (body or {}).get("storage") or self.settings.snapshot_storage
+        if not storage:
+            return web.json_response(
+                {"error": "no snapshot storage: set ENHYDRA_SNAPSHOT_STORAGE or pass storage"},
+                status=400,
+            )
+        if self.snapshots is None:
+            return web.json_response(
+                {"error": "the worker is starting"}, status=503, headers={"Retry-After": "1"}
+            )
+        snapshot_id = new_snapshot_id(self.settings.app_id)
+        await self.snapshots.send(SNAPSHOT_CREATE, id=snapshot_id, storage=storage)
+        return web.json_response({"id": snapshot_id, "storage": storage}, status=202)
+
+    async def run_snapshot_hooks(self, phase: str, info: dict[str, Any]) -> None:
+        for hook in self._snapshot_hooks:
+            result = hook(phase, info)
+            if inspect.isawaitable(result):
+                await result
 
     @property
     def settings(self) -> Settings:
@@ -177,8 +247,12 @@ class Service:
         return self._settings
 
     @property
-    def bound(self):
-        return self.aggregate.bind(self.settings.app_id)
+    def bound(self) -> BoundAggregate:
+        """The aggregate with this application's topic names (settings may redirect input)."""
+        bound = self.aggregate.bind(self.settings.app_id)
+        if self.settings.commands_topic:
+            bound = dataclasses.replace(bound, commands_topic=self.settings.commands_topic)
+        return bound
 
     @property
     def policies(self) -> ErrorPolicies:
@@ -207,6 +281,7 @@ class Service:
     def build(self) -> faust.App:
         """Create the faust App with the supervised engine and the web server attached."""
         s = self.settings
+        load_plugins(self)  # raises PluginError naming a plugin that cannot load
         s.store_dir.mkdir(parents=True, exist_ok=True)
         app = _App(
             s.app_id,
@@ -218,7 +293,16 @@ class Service:
             canonical_url=s.advertised_url,
             topic_partitions=s.partitions,
         )
-        web_app = build_app(lambda: self.engine, s.instance_id, self.aggregate.name)
+        web_app = build_app(
+            lambda: self.engine,
+            s.instance_id,
+            self.aggregate.name,
+            projections=lambda: self.projection_host.stores() if self.projection_host else {},
+            plugins=lambda: [p.describe() for p in self.plugins],
+            settings=s,
+            shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),
+            admin_routes=self.admin_routes,
+        )
         app.web_server(_WebService(web_app, s.web_host, s.web_port))
         app.service(type("Enhydra", (_Supervisor,), {"owner": self, "__module__": __name__}))
         self.app = app
@@ -232,7 +316,11 @@ class Service:
             level=s.log_level,
             static={"app": s.app_id, "instance": s.instance_id},
         )
-        app = self.build()
+        try:
+            app = self.build()
+        except PluginError as exc:
+            log.error("plugin failed to load", error=str(exc))
+            sys.exit(EXIT_SHUTDOWN_CLIENT)
         worker = faust.Worker(app, quiet=True, loglevel=s.log_level.upper(), override_logging=False)
         worker.spinner = None  # it writes terminal escapes into the JSON log stream
         stopping: list[asyncio.Future[None]] = []
@@ -245,6 +333,7 @@ class Service:
             store=self.aggregate.name,
             web=s.advertised_url,
             tags=s.client_tags,
+            plugins=[f"{p.name} ({p.distribution} {p.version})" for p in self.plugins],
         )
         code = 0
         try:

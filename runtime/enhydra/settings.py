@@ -171,6 +171,16 @@ class Settings:
     retry_backoff_ms: int = _env(_positive_int, 100)
     dlq_topic: str = _env(_text, "")
     max_output_bytes: int = _env(_positive_int, 1_000_000)
+    # HTTP API (query/): admin endpoints are off without a token; queries are open without one.
+    admin_token: str = _env(_text, "", repr=False)
+    query_token: str = _env(_text, "", repr=False)
+    max_scan_limit: int = _env(_positive_int, 1000)
+    forward_timeout_ms: int = _env(_positive_int, 5000)
+    commands_topic: str = _env(_text, "")  # read another app's commands (a clone, blue/green)
+    snapshot_storage: str = _env(_text, "")
+    snapshot_interval_s: int = _env(_non_negative_int, 0)
+    snapshot_retention: int = _env(_non_negative_int, 0)
+    snapshot_timeout_s: int = _env(_positive_int, 300)
 
     def __post_init__(self) -> None:
         if not self.instance_id:

@@ -143,3 +143,43 @@ def test_hooks_run_around_periodic_snapshots_and_retention_keeps_the_newest(
     kept = open_storage(str(storage)).list_snapshots()
     assert len(kept) == 2, kept  # retention: only the newest two
     assert all(Path(storage / k / "manifest.json").is_file() for k in kept)
+
+
+def test_admin_api_triggers_a_snapshot(service_factory, kafka_bootstrap, app_id, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    storage = tmp_path / "admin-snaps"
+    one = service_factory(
+        TARGET,
+        "adm",
+        extra_env={"ENHYDRA_SNAPSHOT_STORAGE": str(storage), "ENHYDRA_ADMIN_TOKEN": "s3cret"},
+    )
+    one.wait_ready()
+    feed(kafka_bootstrap, app_id, generate(40, 200, seed=8))
+
+    def post(token: str | None) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            one.url + "/v1/admin/snapshots",
+            data=b"{}",
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    assert post(None)[0] == 401
+    assert post("wrong")[0] == 403
+    status, body = post("s3cret")
+    assert status == 202 and body["id"].startswith(app_id)
+    deadline = time.monotonic() + 60
+    while body["id"] not in open_storage(str(storage)).list_snapshots():
+        assert time.monotonic() < deadline, "the snapshot was not written"
+        time.sleep(0.3)
+    snap = open_snapshot(storage / body["id"])
+    assert snap.manifest.rows == 40 * 95 // 100

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import click
 
+from enhydra.cli.backfill import backfill
+from enhydra.cli.dlq import dlq
+from enhydra.cli.generate import generate
+from enhydra.cli.image import image
 from enhydra.cli.kafka import kafka
 from enhydra.cli.new import new
+from enhydra.cli.query import query
+from enhydra.cli.reset import reset
 from enhydra.cli.run import run
+from enhydra.cli.snapshot import snapshot
+from enhydra.cli.topology import topology
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,9 +23,17 @@ def main() -> None:
     """Enhydra: event-sourced microservices on Kafka."""
 
 
+main.add_command(image)
+main.add_command(backfill)
+main.add_command(dlq)
+main.add_command(generate)
 main.add_command(kafka)
 main.add_command(new)
+main.add_command(query)
+main.add_command(reset)
 main.add_command(run)
+main.add_command(snapshot)
+main.add_command(topology)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,8 @@ class Engine:
         )
         self.transient = transient
         self.failures: dict[str, int] = {}  # "stage:ErrorClass" -> records that failed
+        # Snapshot cuts: partition -> (offset to stop at, resolved with the actual cut offset).
+        self._stops: dict[int, tuple[int, asyncio.Future[int]]] = {}
         self._retries = RetryTracker(
             settings.retry_backoff_ms / 1000, settings.task_timeout_ms / 1000
         )
@@ -413,6 +415,27 @@ class Engine:
             self._consumer._coordinator.request_rejoin()
 
     # queries ---------------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """stop() has begun: the group may already have moved this instance's tasks away."""
+        return self._stopping.is_set()
+
+    def input_lag(self) -> dict[int, int]:
+        """Per running active partition, input records fetched-known but not yet processed."""
+        lags: dict[int, int] = {}
+        consumer = self._consumer
+        if consumer is None:
+            return lags
+        assigned = consumer.assignment()
+        for partition, task in self.tasks.items():
+            tp = TopicPartition(self.aggregate.commands_topic, partition)
+            if task.role is not Role.ACTIVE or tp not in assigned:
+                continue
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                lags[partition] = max(0, highwater - (task.store.input_offset + 1))
+        return lags
+
     def lookup(self, key: str) -> Lookup:
         """Read a key's current entry if this instance runs its partition's active task."""
         raw_key = key.encode("utf-8")
@@ -447,6 +470,9 @@ class Engine:
                 if batch:
                     async with self._lock:
                         await self._process(batch)
+                if self._stops:
+                    async with self._lock:
+                        await self._check_stops()
                 if self._pending_commit:
                     async with self._lock:
                         await self._commit()
@@ -478,6 +504,14 @@ class Engine:
                 raw = store.get(key.encode("utf-8"))
                 return decode_entry(raw) if raw is not None else None
 
+            stop = self._stops.get(tp.partition)
+            if stop is not None and records[-1].offset >= stop[0]:
+                # A snapshot cut: process exactly up to it, hold the rest back.
+                self._consumer.seek(tp, stop[0])
+                self._consumer.pause(tp)
+                records = [r for r in records if r.offset < stop[0]]
+                if not records:
+                    continue
             inputs = [
                 InputRecord(r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
                 for r in records
@@ -552,6 +586,53 @@ class Engine:
             else:
                 log.warning("record skipped", action=str(action), **context)
         return letters
+
+    # snapshot cuts ----------------------------------------------------------------------------
+    def stop_at(self, partition: int, offset: int) -> asyncio.Future[int]:
+        """Process `partition` up to `offset` (exclusive), then hold it for an export.
+
+        The future resolves with the actual cut: `offset`, or the position already reached if
+        the partition had processed further before the request arrived.
+        """
+        previous = self._stops.get(partition)
+        if previous is not None and not previous[1].done():
+            return previous[1]
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._stops[partition] = (offset, future)
+        return future
+
+    def release(self, partition: int) -> None:
+        """The export is done (or abandoned): let the partition's input flow again."""
+        stop = self._stops.pop(partition, None)
+        if stop is not None and not stop[1].done():
+            stop[1].cancel()
+        self._resume_after_backoff(TopicPartition(self.aggregate.commands_topic, partition))
+
+    async def end_offset(self, partition: int) -> int:
+        """The input partition's end offset now: the default cut of a snapshot."""
+        assert self._consumer is not None
+        tp = TopicPartition(self.aggregate.commands_topic, partition)
+        return (await self._consumer.end_offsets([tp]))[tp]
+
+    def active_store(self, partition: int) -> PartitionStore | None:
+        task = self.tasks.get(partition)
+        if task is None or task.role is not Role.ACTIVE or task.status is not TaskStatus.RUNNING:
+            return None
+        return task.store
+
+    async def _check_stops(self) -> None:
+        """Resolve cuts whose partition has processed up to its offset (no batch in flight)."""
+        assert self._consumer is not None
+        for partition, (offset, future) in list(self._stops.items()):
+            tp = TopicPartition(self.aggregate.commands_topic, partition)
+            if future.done() or self.active_store(partition) is None:
+                continue
+            if tp not in self._consumer.assignment():
+                continue
+            position = await self._consumer.position(tp)
+            if position >= offset:
+                self._consumer.pause(tp)
+                future.set_result(position)
 
     def _retry_later(self, tp: TopicPartition, failure: Failure) -> None:
         """A transient error: rewind to the record and pause the partition for a backoff."""
