@@ -27,6 +27,7 @@ PATHS = {
     "/v1/openapi.json",
     "/v1/admin/shutdown",
     "/v1/admin/rebalance",
+    "/v1/admin/snapshots",  # added by the service: the snapshot trigger
 }
 
 
