@@ -71,7 +71,9 @@ class ChangelogReader:
             isolation_level="read_committed",
             max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
-            fetch_max_wait_ms=200,
+            # Short long-polls: end-offset lookups queue behind an in-flight fetch on the same
+            # connection, and they sit on the path of a standby's promotion.
+            fetch_max_wait_ms=50,
         )
 
     async def start(self) -> None:
@@ -131,6 +133,11 @@ class ChangelogReader:
                         await asyncio.wait_for(self._changed.wait(), END_OFFSETS_EVERY_S)
                     continue
                 await self._start_pending_restores()
+                # A copy already at the end (a caught-up standby becoming active) finishes now,
+                # not after a fetch that has nothing to return.
+                await self._finish_restores()
+                if not self._restoring and not self._following:
+                    continue
                 batch = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
                 self._write(batch)
                 await self._finish_restores()
