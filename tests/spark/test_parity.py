@@ -215,3 +215,38 @@ def test_corrected_events_are_re_emitted_in_key_order(
     original = per_key(source)
     assert result.emitted == sum(len(v) for v in original.values())
     assert per_key(target) == original  # nothing was duplicated in this run: the same history
+
+
+def test_a_new_version_cloned_from_the_spark_snapshot_continues_from_the_cut(
+    spark, ledger_run: LedgerRun, tmp_path: Path
+) -> None:
+    from enhydra.snapshots.offline import clone
+
+    app_id = ledger_run.app_id
+    run_backfill(
+        spark, TARGET, bootstrap=ledger_run.bootstrap, app_id=app_id, snapshot=tmp_path / "snap"
+    )
+    snap = open_snapshot(tmp_path / "snap")
+    v2 = f"{app_id}-v2"
+    result = asyncio.run(clone(snap, bootstrap=ledger_run.bootstrap, to_app=v2))
+    assert result.resumes_at_cut and result.offsets == snap.cut.offsets
+
+    later = generate(2000, 3000, seed=24)[1900:]  # deposits/withdrawals on existing accounts
+    asyncio.run(produce_json(ledger_run.bootstrap, f"{app_id}-commands", later))
+    env = service_env(
+        app_id=v2,
+        bootstrap=ledger_run.bootstrap,
+        instance_id="v2",
+        state_dir=tmp_path / "v2",
+        partitions=PARTITIONS,
+        extra={"ENHYDRA_COMMANDS_TOPIC": f"{app_id}-commands"},
+    )
+    instance = ServiceProcess(TARGET, env, tmp_path / "v2.log").start()
+    try:
+        instance.wait_ready()
+        asyncio.run(wait_for_committed(ledger_run.bootstrap, v2, f"{app_id}-commands", timeout=120))
+        expected = model(ledger_run.commands + later)
+        got = read_hosted([instance], sorted(expected))
+        assert got == expected
+    finally:
+        instance.stop(timeout=30)
