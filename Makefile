@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.enhydra-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup demo test test-fast lint clean bench
 
 setup: $(STAMP)
 	@$(VENV)/bin/enhydra kafka fetch
@@ -31,6 +31,9 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check runtime tests examples scripts
 	$(VENV)/bin/ruff format --check runtime tests examples scripts
+
+bench: setup
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Every benchmark in one command: `make bench` or `.venv/bin/python -m bench [--quick]`.
+
+Runs the throughput benchmark (bench/throughput: Enhydra vs the raw aiokafka ceiling, faust and
+Quix Streams), then each other benchmark script present in bench/ with small sizes, one after
+the other so they never compete for the 2 cores; prints each one's figures and ratios, and
+regenerates docs/benchmarks.md and its plots from this run. A script that fails is reported
+with its output tail, and the others still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import ROOT, progress
+from bench.throughput import report
+from bench.throughput.__main__ import apply_defaults, print_report
+from bench.throughput.__main__ import parser as throughput_parser
+from bench.throughput.__main__ import run as run_throughput
+
+# script -> (full args, quick args): small sizes so the whole run stays near 15 (2) minutes.
+OTHERS = {
+    "state_restore.py": (
+        ["--keys", "200000", "--repeat", "2"],
+        ["--keys", "50000", "--repeat", "1"],
+    ),
+    "state_failover.py": (
+        ["--keys", "100000", "--repeat", "1"],
+        ["--keys", "10000", "--repeat", "1"],
+    ),
+    "snapshot_export.py": (
+        ["--keys", "200000", "--repeat", "2"],
+        ["--keys", "50000", "--repeat", "1"],
+    ),
+    "spark_fold.py": (
+        ["--events", "500000", "--accounts", "50000", "--cores", "1,2"],
+        ["--events", "100000", "--accounts", "10000", "--cores", "2"],
+    ),
+    "query_latency.py": (
+        ["--rate", "500", "--seconds", "5", "--rounds", "1"],
+        ["--rate", "300", "--seconds", "3", "--rounds", "1"],
+    ),
+}
+
+
+# structlog lines some scripts let through to stdout: not part of their results
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+def run_other(script: str, args: list[str], timeout: float) -> dict:
+    """Run one bench script; keep its stdout (tables, ratio lines) and the tail of stderr."""
+    command = [sys.executable, f"bench/{script}", *args]
+    shown = " ".join([".venv/bin/python", f"bench/{script}", *args])
+    progress(f"running {shown}")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        output = [x for x in done.stdout.strip().splitlines() if not _LOG_LINE.match(x)]
+        status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+        if done.returncode != 0:
+            output += ["--- stderr (tail) ---", *done.stderr.strip().splitlines()[-15:]]
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        output = [*stdout.strip().splitlines(), f"--- killed after {timeout:.0f} s ---"]
+        status = f"timed out after {timeout:.0f} s"
+    seconds = time.monotonic() - started
+    progress(f"{script}: {status} in {seconds:.0f}s")
+    return {
+        "name": script.removesuffix(".py"),
+        "command": shown,
+        "status": status,
+        "seconds": seconds,
+        "output": output,
+    }
+
+
+def main() -> None:
+    parser = throughput_parser()
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--only", help="comma-separated: throughput and/or other script names")
+    parser.add_argument("--other-timeout", type=float, help="seconds per other script")
+    parser.add_argument(
+        "--no-docs",
+        dest="docs_out",
+        action="store_false",
+        help="do not rewrite docs/benchmarks.md and its plots",
+    )
+    args = apply_defaults(parser.parse_args())
+    only = set(args.only.split(",")) if args.only else None
+    started = time.monotonic()
+    data = None
+    if only is None or "throughput" in only:
+        data = asyncio.run(run_throughput(args))
+        print_report(data)
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=2, default=str))
+    timeout = args.other_timeout or (90 if args.quick else 240)
+    others = []
+    for script, (full, quick) in OTHERS.items():
+        name = script.removesuffix(".py")
+        if not (ROOT / "bench" / script).exists() or (only is not None and name not in only):
+            continue
+        others.append(run_other(script, quick if args.quick else full, timeout))
+    for other in others:
+        print(f"\n== {other['name']} ({other['status']}, {other['seconds']:.0f}s)")
+        print("\n".join(other["output"]))
+    if data is not None and args.docs_out:
+        command = "python -m bench" + (" --quick" if args.quick else "")
+        path = report.write(data, others, command=command)
+        progress(f"wrote {path.relative_to(ROOT)} and its plots")
+    progress(f"all benchmarks done in {time.monotonic() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
