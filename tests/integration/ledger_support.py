@@ -39,3 +39,12 @@ def read_accounts(instances: list[ServiceProcess], accounts: list[str]) -> dict[
 def feed(bootstrap: str, app_id: str, commands: list) -> None:
     asyncio.run(produce_json(bootstrap, f"{app_id}-commands", commands))
     asyncio.run(wait_for_committed(bootstrap, app_id, f"{app_id}-commands", timeout=120))
+
+
+async def produce_in_chunks(
+    bootstrap: str, topic: str, commands: list, *, chunk: int = 1000, pause: float = 0.15
+) -> None:
+    """Produce commands a chunk at a time with a pause: load that is still arriving."""
+    for start in range(0, len(commands), chunk):
+        await produce_json(bootstrap, topic, commands[start : start + chunk])
+        await asyncio.sleep(pause)

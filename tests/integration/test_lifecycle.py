@@ -14,12 +14,11 @@ import pytest
 
 from enhydra.testing.processes import (
     ServiceProcess,
-    produce_json,
     service_env,
     wait_for_committed,
 )
 from ledger.workload import generate, model
-from tests.integration.ledger_support import read_accounts
+from tests.integration.ledger_support import produce_in_chunks, read_accounts
 
 pytestmark = pytest.mark.integration
 
@@ -93,12 +92,8 @@ def test_kill_dash_nine_under_load_loses_nothing_and_applies_nothing_twice(
     one = service_factory(TARGET, "k1", state_dir=tmp_path / "k1")
     one.wait_ready()
 
-    async def produce_slowly() -> None:
-        for start in range(0, len(commands), 1000):
-            await produce_json(
-                kafka_bootstrap, f"{app_id}-commands", commands[start : start + 1000]
-            )
-            await asyncio.sleep(0.15)
+    def produce_slowly():
+        return produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands)
 
     async def kill_midway() -> None:
         await asyncio.sleep(0.8)

@@ -16,7 +16,7 @@ import pytest
 
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 from ledger.workload import generate, model
-from tests.integration.ledger_support import feed, read_accounts
+from tests.integration.ledger_support import feed, produce_in_chunks, read_accounts
 
 pytestmark = pytest.mark.integration
 
@@ -299,12 +299,8 @@ def test_sigterm_under_load_then_restart_loses_nothing_and_applies_nothing_twice
     one = service_factory(FIXED, "t1", state_dir=tmp_path / "t")
     one.wait_ready()
 
-    async def produce_slowly() -> None:
-        for start in range(0, len(commands), 1000):
-            await produce_json(
-                kafka_bootstrap, f"{app_id}-commands", commands[start : start + 1000]
-            )
-            await asyncio.sleep(0.15)
+    def produce_slowly():
+        return produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands)
 
     async def stop_midway() -> float:
         await asyncio.sleep(0.8)

@@ -22,7 +22,7 @@ from enhydra.testing.processes import (
     wait_for_committed,
 )
 from ledger.workload import generate, model
-from tests.integration.ledger_support import feed, read_accounts
+from tests.integration.ledger_support import feed, produce_in_chunks, read_accounts
 
 pytestmark = pytest.mark.integration
 
@@ -243,12 +243,8 @@ def test_exactly_once_outputs_survive_kill_dash_nine(
     one = service_factory(TARGET, "eos", state_dir=tmp_path / "eos", extra_env=env)
     one.wait_ready()
 
-    async def produce_slowly() -> None:
-        for start in range(0, len(commands), 1000):
-            await produce_json(
-                kafka_bootstrap, f"{app_id}-commands", commands[start : start + 1000]
-            )
-            await asyncio.sleep(0.2)
+    def produce_slowly():
+        return produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands, pause=0.2)
 
     async def kill_midway() -> None:
         await asyncio.sleep(1.0)
