@@ -11,8 +11,9 @@ an account on a partition that instance was running. T1 is the create time of th
 event for that command (found by its `enhydra.command_id` header on the events topic);
 "key updated" is when the survivor's HTTP API first shows the deposit. The survivor's log
 splits T1 - T0 into detection (until it is told to rebalance: the session timeout), rebalance
-(until it is assigned the lost tasks), assigned->running (restore, or a standby's promotion)
-and the probe itself; "restore s" and "restore rec/s" are its /v1/stats restore numbers.
+(until it is assigned the lost tasks), assigned->running (until the probed partition runs: its
+restore, or a standby's promotion) and the probe itself. "restore s" and "restore rec/s" are
+its /v1/stats restore numbers for all lost partitions, read once they all run.
 
 Both settings run on the same broker, machine and load, so the ratio is the standby's gain.
 """
@@ -186,23 +187,28 @@ def query_visible(instance: ServiceProcess, key: str, timeout: float = 10.0) -> 
 
 
 def breakdown(
-    log_path: Path, t0: float, t1: float, lost: list[int]
+    log_path: Path, t0: float, t1: float, lost: list[int], probed: int
 ) -> tuple[float | None, float | None, float | None, float | None]:
-    """(detect, rebalance, restore, process) seconds from the survivor's log after T0."""
-    revoked = assigned = running = None
-    finished: dict[int, float] = {}
+    """(detect, rebalance, restore, process) seconds from the survivor's log after T0.
+
+    "restore" ends when the probed partition runs: its `restore finished`, or for a copy with
+    nothing to restore (a caught-up standby) the `all active tasks running` line. The other
+    lost partition may still be restoring when the probe is processed.
+    """
+    revoked = assigned = finished = all_running = None
     for ts, event in log_events(log_path, t0):
         name = event.get("event")
         if name == "partitions revoked" and revoked is None:
             revoked = ts
         elif name == "tasks assigned" and set(lost) <= set(event.get("active", ())):
             assigned = assigned or ts
-        elif name == "all active tasks running" and assigned is not None and running is None:
-            running = ts
-        elif name == "restore finished" and assigned is not None and event["partition"] in lost:
-            finished[event["partition"]] = ts
-    if running is None and assigned is not None and set(finished) == set(lost):
-        running = max(finished.values())  # readiness logged late (another rebalance began)
+        elif assigned is None:
+            continue
+        elif name == "restore finished" and event.get("partition") == probed:
+            finished = finished or ts
+        elif name == "all active tasks running":
+            all_running = all_running or ts
+    running = finished or all_running
     detect = revoked - t0 if revoked else None
     rebalance = assigned - revoked if assigned and revoked else None
     restore = running - assigned if running and assigned else None
@@ -263,7 +269,15 @@ def scenario(
         )
         outage = t1 - t0
         version, t_query = query_visible(survivor, probe_key)
-        detect, rebalance, restore, process = breakdown(survivor.log_path, t0, t1, lost)
+        # The probe's partition can run before the other lost one has finished restoring:
+        # wait for all of them, so the log and the restore numbers below are complete.
+        wait_until(
+            lambda: all(stats(survivor)["tasks"][str(p)]["status"] == "running" for p in lost),
+            args.probe_timeout,
+            "every lost task running on the survivor",
+        )
+        probed = partition_for(probe_key.encode(), PARTITIONS)
+        detect, rebalance, restore, process = breakdown(survivor.log_path, t0, t1, lost, probed)
         tasks = stats(survivor)["tasks"]
         restored = sum(int(tasks[str(p)]["restore"].get("restored", 0)) for p in lost)
         restore_rs = [tasks[str(p)]["restore"] for p in lost]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -111,6 +112,15 @@ async def end_offsets(bootstrap: str) -> dict[int, int]:
         await consumer.stop()
 
 
+async def wait_restored(done: asyncio.Event, reader: ChangelogReader) -> None:
+    """Wait for every copy to be restored; a failed reader raises instead of hanging."""
+    while not done.is_set():
+        if reader.failure is not None:
+            raise reader.failure
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 1.0)
+
+
 async def enhydra_restore(bootstrap: str, workdir: Path) -> Run:
     """ChangelogReader restoring all partitions into fresh PartitionStores, as after a loss."""
     settings = Settings.from_env(
@@ -132,11 +142,9 @@ async def enhydra_restore(bootstrap: str, workdir: Path) -> Run:
         base = rss_mb()
         started = time.monotonic()
         reader.set_copies(restoring=copies, following={})
-        await done.wait()
+        await wait_restored(done, reader)
         seconds = time.monotonic() - started
         rss = peak_rss_mb()
-        if reader.failure is not None:
-            raise reader.failure
         records = sum(int(c.restore["restored"]) for c in copies.values())
     finally:
         await reader.stop()
@@ -239,7 +247,7 @@ async def promotion_latency(bootstrap: str, workdir: Path, times: int) -> list[f
             done.clear()
             started = time.monotonic()
             reader.set_copies(restoring=copies, following={})
-            await done.wait()
+            await wait_restored(done, reader)
             if i:
                 latencies.append(time.monotonic() - started)
             reader.set_copies(restoring={}, following=copies)  # back to standby, following
