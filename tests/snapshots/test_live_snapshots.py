@@ -18,20 +18,11 @@ from enhydra.snapshots.format import open_snapshot
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed, read_accounts
+from tests.snapshots.support import cli, create_snapshot
 
 pytestmark = pytest.mark.integration
 
 TARGET = "ledger.service:service"
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "enhydra.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=check,
-    )
 
 
 def states(snapshot) -> dict[str, dict]:
@@ -75,19 +66,9 @@ def test_snapshot_under_load_equals_a_replay_of_the_commands_before_the_cut(
     sender.start()
     try:
         time.sleep(0.5)
-        done = cli(
-            "snapshot",
-            "create",
-            "--app",
-            app_id,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--storage",
-            str(storage),
-        )
+        info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     finally:
         sender.join()
-    info = json.loads(done.stdout.strip().splitlines()[-1])
     snap = open_snapshot(storage / info["id"])
     cut = snap.manifest.cut.offsets
     total = sum(cut.values())
@@ -113,20 +94,7 @@ def test_a_clone_follows_its_source_on_the_same_input_and_diverges_on_its_own(
     source.wait_ready()
     first = generate(300, 3000, seed=91)
     feed(kafka_bootstrap, app_id, first)
-    info = json.loads(
-        cli(
-            "snapshot",
-            "create",
-            "--app",
-            app_id,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--storage",
-            str(storage),
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     location = str(storage / info["id"])
 
     # Clone 1 reads the source's commands from the cut: it must end where the source ends.
@@ -210,20 +178,7 @@ def test_broken_snapshots_are_refused_with_a_clear_message(
     one = service_factory(TARGET, "s", extra_env={"ENHYDRA_SNAPSHOT_STORAGE": str(storage)})
     one.wait_ready()
     feed(kafka_bootstrap, app_id, generate(50, 300, seed=3))
-    info = json.loads(
-        cli(
-            "snapshot",
-            "create",
-            "--app",
-            app_id,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--storage",
-            str(storage),
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     good = storage / info["id"]
     assert "ok:" in cli("snapshot", "verify", str(good), "--service", TARGET).stdout
 
@@ -314,20 +269,7 @@ def test_restore_brings_an_app_back_to_a_snapshot_and_reprocesses_after_the_cut(
     one.wait_ready()
     first = generate(150, 1500, seed=121)
     feed(kafka_bootstrap, app_id, first)
-    info = json.loads(
-        cli(
-            "snapshot",
-            "create",
-            "--app",
-            app_id,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--storage",
-            str(storage),
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     later = generate(150, 1000, seed=122)
     feed(kafka_bootstrap, app_id, later)
 

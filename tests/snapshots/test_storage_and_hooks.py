@@ -17,6 +17,7 @@ from enhydra.snapshots.storage import open_snapshot_at, open_storage
 from enhydra.testing.processes import free_port
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed
+from tests.snapshots.support import create_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -70,26 +71,7 @@ def test_snapshot_to_s3_and_back(service_factory, kafka_bootstrap, app_id, s3_ur
     one.wait_ready()
     commands = generate(120, 900, seed=111)
     feed(kafka_bootstrap, app_id, commands)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "enhydra.cli.main",
-            "snapshot",
-            "create",
-            "--app",
-            app_id,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--storage",
-            s3_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    info = json.loads(done.stdout.strip().splitlines()[-1])
+    info = create_snapshot(app_id, kafka_bootstrap, s3_url)
     storage = open_storage(s3_url)
     assert info["id"] in storage.list_snapshots()
     snap = open_snapshot(open_snapshot_at(storage, info["id"]))

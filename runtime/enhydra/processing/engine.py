@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import murmur2
 
@@ -43,6 +43,7 @@ from enhydra.processing.output import (
     changelog_puts,
     make_output,
 )
+from enhydra.processing.rebalance import ForwardingListener
 from enhydra.processing.retries import RetryTracker
 from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
@@ -93,17 +94,6 @@ class Lookup:
     status: LookupStatus
     partition: int
     entry: Entry | None = None
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.engine._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.engine._on_assigned(assigned)
 
 
 class Engine:
@@ -198,7 +188,7 @@ class Engine:
             fetch_max_wait_ms=100,
             partition_assignment_strategy=(assignor,),
         )
-        self._consumer.subscribe([self.aggregate.commands_topic], listener=_Listener(self))
+        self._consumer.subscribe([self.aggregate.commands_topic], listener=ForwardingListener(self))
         await self._consumer.start()
         self._background = [
             asyncio.create_task(self._run(), name="enhydra-processing"),

@@ -14,12 +14,13 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from enhydra.logs import get_logger
 from enhydra.processing.core import Entry
 from enhydra.processing.engine import Lookup, LookupStatus, TaskStatus, partition_for
+from enhydra.processing.rebalance import ForwardingListener
 from enhydra.projections.model import (
     EventRecord,
     ProjectedEntry,
@@ -45,17 +46,6 @@ class ProjectionTask:
     status: TaskStatus = TaskStatus.RESTORING
     processed: int = 0
     restore: dict[str, float] = field(default_factory=dict)
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, engine: ProjectionEngine) -> None:
-        self.engine = engine
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.engine._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.engine._on_assigned(assigned)
 
 
 class ProjectionEngine:
@@ -122,7 +112,7 @@ class ProjectionEngine:
             max_poll_interval_ms=max(s.rebalance_timeout_ms, 60000),
             fetch_max_wait_ms=100,
         )
-        self._consumer.subscribe([self.events_topic], listener=_Listener(self))
+        self._consumer.subscribe([self.events_topic], listener=ForwardingListener(self))
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name=f"enhydra-projection-{self.name}")
         log.info(
