@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,6 +30,19 @@ LAPTOP_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
 }
+
+# A cluster retries a failed task (spark.task.maxFailures, default 4); local mode does not
+# unless the master says so. One transient read error from the broker should not fail a job.
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
+
+
+def with_task_retries(master: str, attempts: int = LOCAL_TASK_ATTEMPTS) -> str:
+    """`local[N]` -> `local[N,attempts]`; other masters (and explicit local[N,F]) unchanged."""
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is None:
+        return master
+    return f"local[{match.group(1) or 1},{attempts}]"
 
 
 def local_session(
@@ -53,7 +67,7 @@ def local_session(
     if extra:
         current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*extra, *current]))
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.master(with_task_retries(master)).appName(app_name)
     for key, value in {**LAPTOP_CONF, **(conf or {})}.items():
         builder = builder.config(key, str(value))
     if kafka:
