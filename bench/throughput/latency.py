@@ -63,6 +63,7 @@ async def produce_at_rate(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1024 * 1024
     )
     await producer.start()
+    await producer.partitions_for(topic)  # the producer's own cold start is not the service's
     futures = []
     partitions = [partition_for(key, PARTITIONS) for key, _, _ in records]
     try:

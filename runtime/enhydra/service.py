@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,17 @@ class _App(faust.App):
     BootStrategy = _BootStrategy
 
 
+def settle_heap() -> None:
+    """Put everything start-up created out of the garbage collector's reach (gc.freeze).
+
+    A full collection otherwise walks every module, class and setting of the process while
+    the engine waits: measured 30-65 ms pauses about once a second under load, the largest
+    part of the p99 latency. Objects made later are collected as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 class _Supervisor(ModeService):
     """Runs the engine under the uncaught-exception policy, and listens to the control topic.
 
@@ -84,6 +96,7 @@ class _Supervisor(ModeService):
             self._handling.append(asyncio.ensure_future(svc.snapshots.periodic()))
         svc.projection_host = ProjectionHost(svc)  # the service's and its plugins' projections
         await svc.projection_host.start()
+        settle_heap()
 
     async def on_stop(self) -> None:
         for pending in self._handling:

@@ -77,6 +77,12 @@ def changelog_puts(result: BatchResult) -> list[tuple[bytes, bytes]]:
     return [(k.encode("utf-8"), encode_entry(e)) for k, e in result.changed.items()]
 
 
+async def warm_up(producer: AIOKafkaProducer, agg: BoundAggregate) -> None:
+    """Learn where the output topics' partitions live now, not while the first batch waits."""
+    for topic in (agg.events_topic, agg.rejections_topic, agg.changelog_topic):
+        await producer.partitions_for(topic)
+
+
 def _producer_options(settings: Settings) -> dict:
     return {
         "bootstrap_servers": settings.bootstrap_servers,
@@ -96,6 +102,7 @@ class AtLeastOnceOutput:
 
     async def start(self) -> None:
         await self._producer.start()
+        await warm_up(self._producer, self.agg)
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -201,6 +208,7 @@ class ExactlyOnceOutput:
             **_producer_options(self.settings),
         )
         await producer.start()
+        await warm_up(producer, self.agg)
         self._producers[partition] = producer
 
     async def close_task(self, partition: int) -> None:

@@ -14,7 +14,9 @@ no serde; the decoded columns are there for people (Spark, DuckDB, pandas). A di
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -22,27 +24,54 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from aiokafka.partitioner import murmur2
 
 from enhydra.processing.core import Entry, decode_entry
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+else:
+
+    class _OnFirstUse:
+        """A module imported when first touched. Every worker imports this module, but only
+        an export, a restore or a lookup needs pyarrow, which costs ~50 MB of resident memory
+        from the moment it is imported."""
+
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def __getattr__(self, attr: str) -> Any:
+            module: ModuleType = importlib.import_module(self._name)
+            return getattr(module, attr)
+
+    pa = _OnFirstUse("pyarrow")
+    pc = _OnFirstUse("pyarrow.compute")
+    pq = _OnFirstUse("pyarrow.parquet")
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.binary(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("key_text", pa.string()),
-        pa.field("state", pa.string()),
-        pa.field("last_offset", pa.int64()),
-    ]
-)
+
+
+@functools.cache
+def parquet_schema() -> pa.Schema:
+    """The columns of every store partition file, in order."""
+    return pa.schema(
+        [
+            pa.field("key", pa.binary(), nullable=False),
+            pa.field("value", pa.binary(), nullable=False),
+            pa.field("key_text", pa.string()),
+            pa.field("state", pa.string()),
+            pa.field("last_offset", pa.int64()),
+        ]
+    )
+
+
 _BATCH_ROWS = 8192
 _HASH_CHUNK = 1 << 20
 
@@ -204,7 +233,7 @@ def _batch_from_pairs(pairs: list[tuple[bytes, bytes]]) -> pa.RecordBatch:
             pa.array(states, pa.string()),
             pa.array(offsets, pa.int64()),
         ],
-        schema=SCHEMA,
+        schema=parquet_schema(),
     )
 
 
@@ -213,8 +242,9 @@ def _normalize(batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
     names = set(batch.schema.names)
     if not {"key", "value"} <= names:
         raise SnapshotError(f"a partition needs 'key' and 'value' columns, got {sorted(names)}")
-    if set(SCHEMA.names) <= names:
-        return batch.select(SCHEMA.names).cast(SCHEMA)
+    schema = parquet_schema()
+    if set(schema.names) <= names:
+        return batch.select(schema.names).cast(schema)
     keys = batch.column("key").to_pylist()
     values = batch.column("value").to_pylist()
     return _batch_from_pairs(list(zip(keys, values, strict=True)))
@@ -275,7 +305,7 @@ def write_partition_file(
     count = 0
     previous: bytes | None = None
     try:
-        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+        with pq.ParquetWriter(tmp, parquet_schema(), compression="zstd") as writer:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
