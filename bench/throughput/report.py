@@ -318,7 +318,7 @@ def write(data: dict, others: list[dict], command: str = "python -m bench") -> P
         "last applied command, the last 100 command ids for client retries) in the same "
         "orjson encoding; each run's event/rejection counts are in the table and agree across "
         "systems. Competitor processes import `ledger.domain` without `enhydra/__init__` "
-        "(which loads faust, aiohttp and pyarrow for the Service), so Enhydra's imports do not "
+        "(which loads faust and aiohttp for the Service), so Enhydra's imports do not "
         "inflate their RSS.",
         "- **raw aiokafka (ceiling)**: `getmany` (2,000 records), the shared step per record, "
         "`send` without awaiting delivery, `flush` + commit every 200 ms; dict state, or one "
@@ -326,7 +326,8 @@ def write(data: dict, others: list[dict], command: str = "python -m bench") -> P
         "- **Enhydra**: `ledger.service:service` via `enhydra run`, one instance, "
         "`ENHYDRA_NUM_STANDBY_REPLICAS=0`, `ENHYDRA_PROCESSING_GUARANTEE=at_least_once`, "
         "`ENHYDRA_PRODUCER_LINGER_MS=5`, `ENHYDRA_COMMANDS_TOPIC=bench-commands`, everything "
-        "else (DLQ, web server, control topic) as the example ships.",
+        "else (DLQ, web server, control topic, the entry cache of 10,000 keys per partition, "
+        "32 MB of RocksDB memory for all stores) as the example ships.",
         "- **faust-streaming 0.15.3**: an agent over `stream.events()` updating a RocksDB "
         "(rocksdict) `Table` and `send`ing one output per event; tuned: producer acks=-1, "
         "`producer_linger` 5 ms, 256 KiB producer batches, `stream_buffer_maxsize=16384`, raw "

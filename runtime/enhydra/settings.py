@@ -149,6 +149,8 @@ class Settings:
     rebalance_timeout_ms: int = _env(_positive_int, 30000)
     shutdown_timeout_s: int = _env(_positive_int, 25)
     dedup_window: int = _env(_non_negative_int, 100)
+    state_cache_entries: int = _env(_non_negative_int, 10_000)
+    store_memory_mb: int = _env(_positive_int, 32)
     num_standby_replicas: int = _env(_non_negative_int, 0)
     acceptable_recovery_lag: int = _env(_non_negative_int, 10_000)
     max_warmup_replicas: int = _env(_positive_int, 2)

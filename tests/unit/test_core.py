@@ -83,3 +83,24 @@ def test_dedup_window_is_bounded() -> None:
 def test_entry_round_trip() -> None:
     entry = Entry({"balance": 3, "status": "open", "version": 2}, 41, ["a", "b"])
     assert decode_entry(encode_entry(entry)) == entry
+
+
+def test_entries_given_by_load_are_never_changed() -> None:
+    """The engine serves `load` from a cache of persisted entries: the core may not touch them."""
+    store = run([records(COMMANDS[:300])])
+    before = {key: encode_entry(entry) for key, entry in store.items()}
+    result = process_batch(accounts, records(COMMANDS[300:], start=300), store.get)
+    assert result.changed  # the batch did update keys that were loaded...
+    assert {key: encode_entry(entry) for key, entry in store.items()} == before  # ...as copies
+
+
+def test_many_updates_of_one_key_in_a_batch_keep_the_window() -> None:
+    cmds = [("k", {"command_id": "open", "type": "open", "account": "k"})] + [
+        ("k", {"command_id": f"d{i}", "type": "deposit", "account": "k", "amount": 1})
+        for i in range(6)
+    ]
+    result = process_batch(accounts, records(cmds), {}.get, dedup_window=4)
+    entry = result.changed["k"]
+    assert (entry.state["balance"], entry.offset) == (6, 6)
+    assert entry.command_ids == ["d2", "d3", "d4", "d5"]
+    assert [e.command_id for e in result.emitted] == ["open", *(f"d{i}" for i in range(6))]

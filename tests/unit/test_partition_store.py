@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enhydra.stores.partition import PartitionStore
+import pytest
+
+from enhydra.stores.partition import (
+    DEFAULT_MEMORY_MB,
+    PartitionStore,
+    configure_memory,
+    memory_usage,
+)
 
 
 def test_data_and_checkpoints_survive_reopen(tmp_path: Path) -> None:
@@ -25,3 +32,26 @@ def test_items_are_in_key_order_from_a_start_key(tmp_path: Path) -> None:
     store.write([(k.encode(), b"v") for k in ["c", "a", "d", "b"]])
     assert [k for k, _ in store.items(b"b")] == [b"b", b"c", b"d"]
     store.close()
+
+
+def test_all_stores_share_one_bounded_memory_budget(tmp_path: Path) -> None:
+    """Memtables of every partition count against ENHYDRA_STORE_MEMORY_MB together."""
+    configure_memory(8)
+    stores = [PartitionStore(tmp_path / f"m{i}") for i in range(4)]
+    value = bytes(600)
+    for round_ in range(60):  # ~58 MB written, far more than the budget
+        for store in stores:
+            store.write([(b"k%06d" % (round_ * 400 + i), value) for i in range(400)])
+    used, limit = memory_usage()
+    assert limit == 8 << 20
+    # RocksDB flushes when the shared budget fills; use overshoots only while a flush runs.
+    assert 0 < used <= limit * 2  # unbounded, it would be ~58 MB
+    assert stores[3].get(b"k000000") == value  # flushed data is still there
+    for store in stores:
+        store.close()
+    configure_memory(DEFAULT_MEMORY_MB)
+
+
+def test_store_memory_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive number of MB"):
+        configure_memory(0)

@@ -52,7 +52,7 @@ def dead_letter_headers(
     record = failure.record
     now = now or dt.datetime.now(dt.UTC)
     stack = "".join(traceback.format_exception(failure.error))
-    kept = [(k, v) for k, v in record.headers if not k.startswith(PREFIX) or k == REPLAYS]
+    kept = [(k, v) for k, v in (record.headers or ()) if not k.startswith(PREFIX) or k == REPLAYS]
     added = {
         "topic": topic,
         "partition": str(partition),

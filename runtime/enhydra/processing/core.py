@@ -150,22 +150,29 @@ def process_batch(
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
-    `load` reads a key's entry as of before this batch; keys changed earlier in the batch are
-    served from the batch itself, so one key may be updated many times per batch. A record
-    that fails leaves its key's state untouched and is reported in `failures`; later records
-    of the same key are processed as if it never came. An error of a `transient` type stops
-    the batch at that record (`interrupted`) so it can be retried, unless its offset is in
-    `give_up` (offset -> attempts made), which makes it an ordinary failure.
+    `records` are InputRecords or anything with the same attributes (the engine passes
+    aiokafka's ConsumerRecords as they are). `load` reads a key's entry as of before this
+    batch and must not be mutated; keys changed earlier in the batch are served from the batch
+    itself, so one key may be updated many times per batch. A record that fails leaves its
+    key's state untouched and is reported in `failures`; later records of the same key are
+    processed as if it never came. An error of a `transient` type stops the batch at that
+    record (`interrupted`) so it can be retried, unless its offset is in `give_up` (offset ->
+    attempts made), which makes it an ordinary failure.
     """
     result = BatchResult()
     changed = result.changed
+    rejected = result.rejected
+    emitted = result.emitted
     decide = aggregate.decide
     apply = aggregate.apply
     parse = aggregate.parse
+    initial_state = aggregate.initial_state
     id_field = aggregate.command_id_field
+    dumps = orjson.dumps
     give_up = give_up or {}
     for record in records:
-        result.last_offset = record.offset
+        offset = record.offset
+        result.last_offset = offset
         try:
             key, command_id, command = parse_command(record, id_field)
             if parse is not None:
@@ -175,49 +182,68 @@ def process_batch(
             result.failures.append(Failure(record, Stage.DESERIALIZE, exc, key))
             continue
         entry = changed.get(key)
+        # An entry made earlier in this batch is ours to update in place; a loaded one is not.
+        owned = entry is not None
         if entry is None:
             entry = load(key)
-        if entry is not None and record.offset <= entry.offset:
+        if entry is None:
+            state = initial_state
+        elif offset <= entry.offset:
             result.skipped += 1  # redelivered; its effect is already in the state
             continue
-        if entry is not None and command_id in entry.command_ids:
-            result.rejected.append(
-                Rejected(key, command_id, record.offset, "duplicate command_id", command)
-            )
+        elif command_id in entry.command_ids:
+            rejected.append(Rejected(key, command_id, offset, "duplicate command_id", command))
             continue
-        state = entry.state if entry is not None else aggregate.initial_state
+        else:
+            state = entry.state
         try:
-            events = list(decide(state, command))
+            events = decide(state, command)
+            if type(events) is not list:
+                events = list(events)
             for event in events:
                 state = apply(state, event)
         except Rejection as rejection:
-            result.rejected.append(
-                Rejected(key, command_id, record.offset, rejection.reason, command)
-            )
+            rejected.append(Rejected(key, command_id, offset, rejection.reason, command))
             continue
         except Exception as exc:
-            if isinstance(exc, transient) and record.offset not in give_up:
+            if isinstance(exc, transient) and offset not in give_up:
                 result.interrupted = Failure(record, Stage.PROCESS, exc, key)
-                result.last_offset = record.offset - 1
+                result.last_offset = offset - 1
                 break
-            attempts = give_up.get(record.offset, 0) + 1
+            attempts = give_up.get(offset, 0) + 1
             result.failures.append(Failure(record, Stage.PROCESS, exc, key, attempts))
             continue
         if not events:
             continue
         try:
-            payloads = [orjson.dumps(event) for event in events]
-            too_big = [len(p) for p in payloads if len(p) > max_output_bytes]
-            if too_big:
-                raise OutputTooLarge(
-                    f"event of {too_big[0]} bytes exceeds the {max_output_bytes}-byte limit"
-                )
+            payloads = [dumps(event) for event in events]
+            for payload in payloads:
+                if len(payload) > max_output_bytes:
+                    raise OutputTooLarge(
+                        f"event of {len(payload)} bytes exceeds the {max_output_bytes}-byte limit"
+                    )
         except (TypeError, OutputTooLarge) as exc:  # orjson raises TypeError for non-JSON
             result.failures.append(Failure(record, Stage.PRODUCE, exc, key))
             continue
-        ids = entry.command_ids if entry is not None else []
-        if dedup_window:
-            ids = [*ids[-(dedup_window - 1) :], command_id] if dedup_window > 1 else [command_id]
-        changed[key] = Entry(state=state, offset=record.offset, command_ids=ids)
-        result.emitted.append(EmittedEvents(key, command_id, record.offset, events, payloads))
+        if owned:
+            ids = entry.command_ids
+            if dedup_window:
+                ids.append(command_id)
+                if len(ids) > dedup_window:
+                    del ids[:-dedup_window]
+            entry.state = state
+            entry.offset = offset
+        else:
+            if entry is None:
+                ids = [command_id] if dedup_window else []
+            elif dedup_window:
+                ids = (
+                    [*entry.command_ids[-(dedup_window - 1) :], command_id]
+                    if dedup_window > 1
+                    else [command_id]
+                )
+            else:
+                ids = list(entry.command_ids)
+            changed[key] = Entry(state=state, offset=offset, command_ids=ids)
+        emitted.append(EmittedEvents(key, command_id, offset, events, payloads))
     return result

@@ -35,7 +35,8 @@ from enhydra.control.channel import control_topic_spec
 from enhydra.errors.dlq import dead_letter_headers
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
 from enhydra.logs import get_logger
-from enhydra.processing.core import Entry, Failure, InputRecord, decode_entry, process_batch
+from enhydra.processing.cache import EntryCache
+from enhydra.processing.core import Entry, Failure, decode_entry, process_batch
 from enhydra.processing.output import (
     AtLeastOnceOutput,
     ExactlyOnceOutput,
@@ -48,6 +49,7 @@ from enhydra.processing.retries import RetryTracker
 from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
+from enhydra.stores.partition import configure_memory as configure_store_memory
 from enhydra.topics import TopicSpec, ensure_topics
 
 log = get_logger("enhydra.engine")
@@ -80,6 +82,7 @@ class Task:
     status: TaskStatus = TaskStatus.RESTORING
     processed: int = 0
     restore: dict[str, float] = field(default_factory=dict)
+    cache: EntryCache = field(default_factory=lambda: EntryCache(0))
 
 
 class LookupStatus(StrEnum):
@@ -162,6 +165,7 @@ class Engine:
 
     async def start(self) -> None:
         s = self.settings
+        configure_store_memory(s.store_memory_mb)
         await ensure_topics(s.bootstrap_servers, self.topic_specs(), client_id=s.instance_id)
         self._scan_local_stores()
         self._output = make_output(s, self.aggregate)
@@ -327,8 +331,13 @@ class Engine:
                 task = self.tasks.get(partition)
                 if task is None:
                     path = self.settings.store_dir / self.aggregate.name / str(partition)
-                    task = self.tasks[partition] = Task(partition, PartitionStore(path))
+                    task = self.tasks[partition] = Task(
+                        partition,
+                        PartitionStore(path),
+                        cache=EntryCache(self.settings.state_cache_entries),
+                    )
                     self._disk_checkpoints.pop(partition, None)
+                task.cache.clear()  # the store may have changed while the task was elsewhere
                 if role is not Role.ACTIVE and task.role is Role.ACTIVE:
                     await self._output.close_task(partition)
                 task.role = role
@@ -363,6 +372,7 @@ class Engine:
         """The reader caught an active task up with its changelog: let its input flow."""
         if self.tasks.get(task.partition) is not task or task.role is not Role.ACTIVE:
             return
+        task.cache.clear()  # restored: the store is newer than anything cached
         task.status = TaskStatus.RUNNING
         assert self._consumer is not None
         tp = TopicPartition(self.aggregate.commands_topic, task.partition)
@@ -490,7 +500,12 @@ class Engine:
                 continue
             store = task.store
 
-            def load(key: str, store: PartitionStore = store) -> Entry | None:
+            def load(
+                key: str, store: PartitionStore = store, cached=task.cache.get
+            ) -> Entry | None:
+                entry = cached(key)
+                if entry is not None:
+                    return entry
                 raw = store.get(key.encode("utf-8"))
                 return decode_entry(raw) if raw is not None else None
 
@@ -502,13 +517,9 @@ class Engine:
                 records = [r for r in records if r.offset < stop[0]]
                 if not records:
                     continue
-            inputs = [
-                InputRecord(r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
-                for r in records
-            ]
             result = process_batch(
                 agg.aggregate,
-                inputs,
+                records,
                 load,
                 dedup_window=s.dedup_window,
                 transient=self.transient,
@@ -529,6 +540,7 @@ class Engine:
             task.store.write(
                 out.puts, changelog_offset=out.changelog_offset, input_offset=result.last_offset
             )
+            task.cache.persisted(result.changed)
             count = result.last_offset - batch[tp][0].offset + 1
             task.processed += count
             stats["processed"] += count

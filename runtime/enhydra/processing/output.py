@@ -35,7 +35,12 @@ COMMAND_OFFSET_HEADER = "enhydra.command_offset"
 # from the next event of the same command.
 EVENT_INDEX_HEADER = "enhydra.event_index"
 
+# (key, value, headers) of one output record; the topic and partition are where it is grouped.
+Out = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+# (topic, key, value, headers): a record whose topic travels with it (dead letters).
 Record = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+# The index header of an event's position, for the positions commands commonly reach.
+_EVENT_INDEX = [(EVENT_INDEX_HEADER, b"%d" % i) for i in range(16)]
 
 
 @dataclass
@@ -49,28 +54,34 @@ class PartitionBatch:
     changelog_offset: int | None = None
 
 
-def output_records(agg: BoundAggregate, result: BatchResult) -> list[Record]:
-    """Events and rejections of one partition's batch, as (topic, key, value, headers)."""
-    records: list[Record] = []
-    for emitted in result.emitted:
+def partition_outputs(agg: BoundAggregate, batch: PartitionBatch) -> dict[str, list[Out]]:
+    """Per topic, what a partition's batch publishes before its changelog.
+
+    Events first, then rejections, then dead letters; within a topic, in input order. Built
+    straight into per-topic lists because this runs once per output record.
+    """
+    events: list[Out] = []
+    append = events.append
+    for emitted in batch.result.emitted:
         key = emitted.key.encode("utf-8")
-        command = [
-            (COMMAND_ID_HEADER, emitted.command_id.encode("utf-8")),
-            (COMMAND_OFFSET_HEADER, str(emitted.offset).encode()),
+        command_id = (COMMAND_ID_HEADER, emitted.command_id.encode("utf-8"))
+        command_offset = (COMMAND_OFFSET_HEADER, b"%d" % emitted.offset)
+        for index, payload in enumerate(emitted.payloads):
+            position = _EVENT_INDEX[index] if index < 16 else (EVENT_INDEX_HEADER, b"%d" % index)
+            append((key, payload, [command_id, command_offset, position]))
+    outputs = {agg.events_topic: events} if events else {}
+    if batch.result.rejected:
+        outputs[agg.rejections_topic] = [
+            (
+                r.key.encode("utf-8") if r.key is not None else None,
+                dumps(r.to_value()),
+                None,
+            )
+            for r in batch.result.rejected
         ]
-        records.extend(
-            (agg.events_topic, key, payload, [*command, (EVENT_INDEX_HEADER, b"%d" % index)])
-            for index, payload in enumerate(emitted.payloads)
-        )
-    for rejected in result.rejected:
-        key = rejected.key.encode("utf-8") if rejected.key is not None else None
-        records.append((agg.rejections_topic, key, dumps(rejected.to_value()), None))
-    return records
-
-
-def batch_records(agg: BoundAggregate, batch: PartitionBatch) -> list[Record]:
-    """Everything a partition's batch publishes before its changelog: outputs, dead letters."""
-    return [*output_records(agg, batch.result), *batch.dead_letters]
+    for topic, key, value, headers in batch.dead_letters:
+        outputs.setdefault(topic, []).append((key, value, headers))
+    return outputs
 
 
 def changelog_puts(result: BatchResult) -> list[tuple[bytes, bytes]]:
@@ -118,17 +129,16 @@ class AtLeastOnceOutput:
         return False
 
     async def publish(self, batches: list[PartitionBatch], group_id: str) -> None:
-        outputs: dict[tuple[str, int], list[Record]] = {}
-        for batch in batches:
-            for record in batch_records(self.agg, batch):
-                outputs.setdefault((record[0], batch.partition), []).append(record)
+        outputs = {
+            (topic, batch.partition): records
+            for batch in batches
+            for topic, records in partition_outputs(self.agg, batch).items()
+        }
         acks = [f for _, f in await send_in_batches(self._producer, outputs)]
         if acks:
             await asyncio.gather(*acks)
         changelog = {
-            (self.agg.changelog_topic, b.partition): [
-                (self.agg.changelog_topic, k, v, None) for k, v in b.puts
-            ]
+            (self.agg.changelog_topic, b.partition): [(k, v, None) for k, v in b.puts]
             for b in batches
             if b.puts
         }
@@ -142,7 +152,7 @@ class AtLeastOnceOutput:
 
 
 async def send_in_batches(
-    producer: AIOKafkaProducer, records: dict[tuple[str, int], list[Record]]
+    producer: AIOKafkaProducer, records: dict[tuple[str, int], list[Out]]
 ) -> list[tuple[tuple[str, int], asyncio.Future]]:
     """Send records grouped per topic-partition as whole record batches.
 
@@ -160,7 +170,7 @@ async def send_in_batches(
     for tp, items in records.items():
         builder = producer.create_batch()
         count = 0
-        for _, key, value, headers in items:
+        for key, value, headers in items:
             appended = builder.append(key=key, value=value, timestamp=now_ms, headers=headers or [])
             if appended is None:  # batch full: send it and start another
                 await flush(tp, builder, count)
@@ -226,10 +236,11 @@ class ExactlyOnceOutput:
     async def _publish_one(self, batch: PartitionBatch, group_id: str) -> None:
         producer = self._producers[batch.partition]
         async with producer.transaction():
-            for topic, key, value, headers in batch_records(self.agg, batch):
-                await producer.send(
-                    topic, value, key=key, partition=batch.partition, headers=headers
-                )
+            for topic, records in partition_outputs(self.agg, batch).items():
+                for key, value, headers in records:
+                    await producer.send(
+                        topic, value, key=key, partition=batch.partition, headers=headers
+                    )
             futures = [
                 await producer.send(self.agg.changelog_topic, v, key=k, partition=batch.partition)
                 for k, v in batch.puts

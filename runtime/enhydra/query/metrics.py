@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from enhydra.processing.engine import Role
+from enhydra.stores.partition import memory_usage as store_memory_usage
 
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine
@@ -193,3 +194,11 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
     )
     for partition, lag in sorted(engine.input_lag().items()):
         out.add("enhydra_consumer_lag_records", "gauge", "", lag, store=store, partition=partition)
+    used, limit = store_memory_usage()
+    out.add(
+        "enhydra_store_memory_bytes",
+        "gauge",
+        "RocksDB memtables and block cache, all store partitions of this instance",
+        used,
+    )
+    out.add("enhydra_store_memory_limit_bytes", "gauge", "ENHYDRA_STORE_MEMORY_MB", limit)
