@@ -167,9 +167,12 @@ def ratios(summary: dict, lat: dict | None, lat_ref: dict | None = None) -> list
             None,
             ratio=(ref / cost) if cost and ref else None,
         )
+    share = 50
+    if lat is not None and enh.get("rate"):
+        share = round(100 * lat["target_rate"] / enh["rate"])
     if lat is not None:
         add(
-            "latency p99 at 50% of max rate",
+            f"latency p99 at {share}% of max rate",
             "target",
             "ms",
             lat["p99_ms"],
@@ -179,7 +182,7 @@ def ratios(summary: dict, lat: dict | None, lat_ref: dict | None = None) -> list
         )
     if lat is not None and lat_ref is not None:
         add(
-            "latency p99 at 50% of max rate",
+            f"latency p99 at {share}% of max rate",
             "raw aiokafka rocksdict + changelog, same load",
             "ms",
             lat["p99_ms"],
