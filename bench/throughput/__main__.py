@@ -167,9 +167,7 @@ def ratios(summary: dict, lat: dict | None, lat_ref: dict | None = None) -> list
             None,
             ratio=(ref / cost) if cost and ref else None,
         )
-    share = 50
-    if lat is not None and enh.get("rate"):
-        share = round(100 * lat["target_rate"] / enh["rate"])
+    share = lat.get("load_percent", 50) if lat is not None else 50
     if lat is not None:
         add(
             f"latency p99 at {share}% of max rate",
@@ -328,7 +326,7 @@ async def run(args: argparse.Namespace) -> dict:
                     keys=args.keys,
                     warmup_s=2.0 if args.quick else 5.0,
                 )
-                data[key] = lat.as_dict()
+                data[key] = {**lat.as_dict(), "load_percent": round(100 * args.latency_load)}
         data["sweep"] = await sweep(bootstrap, root, args, systems, data["summary"])
         data["load_after"] = load_average()
     data["ratios"] = ratios(data["summary"], data["latency"], data["latency_reference"])

@@ -198,10 +198,10 @@ def _sweep_table(data: dict) -> list[str]:
     return lines
 
 
-def _latency_lines(lat: dict | None, reference: dict | None, max_rate: float | None) -> list[str]:
+def _latency_lines(lat: dict | None, reference: dict | None) -> list[str]:
     if not lat:
         return ["Not measured in this run."]
-    share = round(100 * lat["target_rate"] / max_rate) if max_rate else 50
+    share = lat.get("load_percent", 50)
     lines = [
         f"Commands produced at {lat['target_rate']:,.0f}/s (achieved "
         f"{lat['achieved_rate']:,.0f}/s; {share} % of Enhydra's median maximum) for "
@@ -286,11 +286,7 @@ def write(data: dict, others: list[dict], command: str = "python -m bench") -> P
         "",
         "### Latency (Enhydra, at a share of its maximum rate)",
         "",
-        *_latency_lines(
-            data.get("latency"),
-            data.get("latency_reference"),
-            (data.get("summary") or {}).get("enhydra", {}).get("rate"),
-        ),
+        *_latency_lines(data.get("latency"), data.get("latency_reference")),
         "",
         "### Cost as the state grows",
         "",
