@@ -45,10 +45,12 @@ else:
 
         def __init__(self, name: str) -> None:
             self._name = name
+            self._module: ModuleType | None = None
 
         def __getattr__(self, attr: str) -> Any:
-            module: ModuleType = importlib.import_module(self._name)
-            return getattr(module, attr)
+            if self._module is None:
+                self._module = importlib.import_module(self._name)
+            return getattr(self._module, attr)
 
     pa = _OnFirstUse("pyarrow")
     pc = _OnFirstUse("pyarrow.compute")
