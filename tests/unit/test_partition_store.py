@@ -34,9 +34,17 @@ def test_items_are_in_key_order_from_a_start_key(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.fixture
+def small_budget():
+    """An 8 MB budget for one test; the process-wide default comes back afterwards."""
+    configure_memory(8)
+    yield
+    configure_memory(DEFAULT_MEMORY_MB)
+
+
+@pytest.mark.usefixtures("small_budget")
 def test_all_stores_share_one_bounded_memory_budget(tmp_path: Path) -> None:
     """Memtables of every partition count against ENHYDRA_STORE_MEMORY_MB together."""
-    configure_memory(8)
     stores = [PartitionStore(tmp_path / f"m{i}") for i in range(4)]
     value = bytes(600)
     for round_ in range(60):  # ~58 MB written, far more than the budget
@@ -49,7 +57,6 @@ def test_all_stores_share_one_bounded_memory_budget(tmp_path: Path) -> None:
     assert stores[3].get(b"k000000") == value  # flushed data is still there
     for store in stores:
         store.close()
-    configure_memory(DEFAULT_MEMORY_MB)
 
 
 def test_store_memory_must_be_positive() -> None:
