@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from enhydra.logs import get_logger
@@ -23,6 +24,9 @@ class TopicError(RuntimeError):
     """A topic exists with a layout the service cannot use."""
 
 
+HISTORY_RETENTION = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
@@ -30,11 +34,17 @@ class TopicSpec:
     replication_factor: int = 1
     config: dict[str, str] = field(default_factory=dict)
     compacted: bool = False
+    # An event-sourced history (the events topic, the dead letters) is the source of truth: a
+    # rebuild replays it from offset 0, so the broker must never delete it by age or size.
+    history: bool = False
 
     def new_topic(self) -> NewTopic:
         config = dict(self.config)
         if self.compacted:
             config.setdefault("cleanup.policy", "compact")
+        if self.history:
+            for name, value in HISTORY_RETENTION.items():
+                config.setdefault(name, value)
         return NewTopic(self.name, self.partitions, self.replication_factor, topic_configs=config)
 
 
@@ -85,5 +95,41 @@ async def ensure_topics(
                     f"{spec.partitions} (ENHYDRA_PARTITIONS); keys would be routed to the wrong "
                     "store partition. Use a new app id or repartition the topic."
                 )
+        kept = [s.name for s in specs if s.history and s.name not in created]
+        await warn_on_history_loss(admin, kept)
     finally:
         await admin.close()
+
+
+def history_loss(configs: dict[str, str]) -> list[str]:
+    """The settings of an existing topic under which the broker would delete its history."""
+    return [
+        f"{name}={configs[name]}"
+        for name, kept in HISTORY_RETENTION.items()
+        if name in configs and configs[name] != kept
+    ]
+
+
+async def warn_on_history_loss(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Warn about history topics made elsewhere with a finite retention or compaction.
+
+    A warning, not an error: a team may keep a bounded history on purpose (tiered storage,
+    rebuilds from snapshots). The service still runs; a backfill from offset 0 would refuse.
+    """
+    if not names:
+        return
+    wanted = dict.fromkeys(HISTORY_RETENTION)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
+    for response in await admin.describe_configs(resources):
+        for error_code, _message, _type, name, entries in response.resources:
+            if error_code:
+                continue
+            losing = history_loss({entry[0]: entry[1] for entry in entries})
+            if losing:
+                log.warning(
+                    "events history will be deleted by the broker",
+                    topic=name,
+                    settings=losing,
+                    fix=f"kafka-configs --alter --entity-type topics --entity-name {name} "
+                    "--add-config retention.ms=-1,retention.bytes=-1,cleanup.policy=delete",
+                )

@@ -11,12 +11,15 @@ import sys
 import time
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from enhydra.testing.processes import (
     ServiceProcess,
     service_env,
     wait_for_committed,
 )
+from enhydra.topics import TopicSpec, ensure_topics
 from ledger.workload import generate, model
 from tests.integration.ledger_support import produce_in_chunks, read_accounts
 
@@ -82,6 +85,49 @@ def test_partition_count_mismatch_is_a_startup_error(service_factory, app_id):
     assert f"topic '{app_id}-commands' has 4 partitions but the service expects 6" in (
         wrong.log_tail(200)
     )
+
+
+async def retention_of(bootstrap: str, topic: str) -> dict[str, str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        wanted = {"retention.ms": None, "retention.bytes": None, "cleanup.policy": None}
+        [response] = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, wanted)]
+        )
+        [(_code, _message, _type, _name, entries)] = response.resources
+        return {entry[0]: entry[1] for entry in entries}
+    finally:
+        await admin.close()
+
+
+def test_the_events_history_is_kept_and_a_finite_retention_is_warned_about(
+    service_factory, kafka_bootstrap, app_id
+):
+    # A topic made by the service keeps every event: the broker's 7-day default would delete
+    # the history a rebuild replays from offset 0.
+    kept = f"{app_id}-kept-events"
+    asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(kept, 2, history=True)]))
+    assert asyncio.run(retention_of(kafka_bootstrap, kept)) == {
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "cleanup.policy": "delete",
+    }
+    # An events topic made elsewhere with the broker's default retention: the service runs,
+    # and says which topic loses its history, and how to keep it.
+    events = f"{app_id}-events"
+    asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(events, 4)]))
+    instance = service_factory(TARGET, "r1")
+    instance.wait_ready()
+    warnings = [
+        json.loads(line)
+        for line in instance.log_tail(400).splitlines()
+        if "events history will be deleted" in line
+    ]
+    assert [w["topic"] for w in warnings] == [events]
+    assert warnings[0]["level"] == "warning"
+    assert "retention.ms=604800000" in warnings[0]["settings"]
+    assert "retention.ms=-1" in warnings[0]["fix"]
 
 
 @pytest.mark.slow

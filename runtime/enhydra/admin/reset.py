@@ -212,7 +212,8 @@ def plan_reset(
     recreate = []
     for name in internal_topics(app_id, facts.topics, include_dlq=include_dlq):
         compacted = name.endswith("-changelog")
-        recreate.append(TopicSpec(name, facts.topics[name], compacted=compacted))
+        spec = TopicSpec(name, facts.topics[name], compacted=compacted, history=not compacted)
+        recreate.append(spec)
     return ResetPlan(
         app_id=app_id,
         group=app_id,

@@ -156,10 +156,14 @@ class Engine:
         rf = s.replication_factor
         return [
             TopicSpec(a.commands_topic, s.partitions, rf),
-            TopicSpec(a.events_topic, s.partitions, rf),
+            TopicSpec(a.events_topic, s.partitions, rf, history=True),
             TopicSpec(a.rejections_topic, s.partitions, rf),
             TopicSpec(a.changelog_topic, s.partitions, rf, compacted=True),
-            *([TopicSpec(s.dlq_topic, s.partitions, rf)] if self.policies.uses_dlq() else []),
+            *(
+                [TopicSpec(s.dlq_topic, s.partitions, rf, history=True)]
+                if self.policies.uses_dlq()
+                else []
+            ),
             control_topic_spec(s.app_id, rf),
         ]
 

@@ -81,7 +81,7 @@ class ProjectionEngine:
     def topic_specs(self) -> list[TopicSpec]:
         s = self.settings
         return [
-            TopicSpec(self.events_topic, s.partitions, s.replication_factor),
+            TopicSpec(self.events_topic, s.partitions, s.replication_factor, history=True),
             TopicSpec(self.changelog_topic, s.partitions, s.replication_factor, compacted=True),
         ]
 

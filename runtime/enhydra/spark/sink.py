@@ -23,7 +23,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
     """Create the target topic with the events topic's partition count, or check it has it."""
     from enhydra.topics import TopicSpec, ensure_topics
 
-    asyncio.run(ensure_topics(bootstrap, [TopicSpec(topic, partitions, replication)]))
+    asyncio.run(ensure_topics(bootstrap, [TopicSpec(topic, partitions, replication, history=True)]))
 
 
 def write_events(spark: Any, events: Any, topic: str, bootstrap: str, method: str = "auto") -> int:
