@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from enhydra.stores.changelog_reader import other_history
 from enhydra.stores.partition import (
     DEFAULT_MEMORY_MB,
     PartitionStore,
     configure_memory,
     memory_usage,
+    record_digest,
 )
 
 
@@ -25,6 +27,38 @@ def test_data_and_checkpoints_survive_reopen(tmp_path: Path) -> None:
     assert (again.changelog_offset, again.input_offset) == (11, 99)
     assert list(again.items()) == [(b"b", b"2")]
     again.close()
+
+
+def test_the_last_changelog_record_is_remembered_with_its_offset(tmp_path: Path) -> None:
+    store = PartitionStore(tmp_path / "p0")
+    assert store.last_record is None
+    store.write([(b"a", b"1"), (b"b", b"2")], changelog_offset=10)
+    store.write([], changelog_offset=12)  # trailing transaction markers: no record to remember
+    store.write([(b"c", b"3")])  # a snapshot load: not a changelog record
+    store.close()
+    again = PartitionStore(tmp_path / "p0")
+    assert again.changelog_offset == 12
+    assert again.last_record == (10, record_digest(b"b", b"2"))
+    again.close()
+    assert record_digest(b"b", None) != record_digest(b"b", b"")  # a tombstone is not empty
+
+
+def test_a_store_from_another_changelog_history_is_recognised() -> None:
+    mark = (40, record_digest(b"k7", b"v"))
+    # Same history: the record at the store's last offset is the one it wrote.
+    assert other_history(40, mark, end=90, found=mark) is None
+    # Compaction removed that record, or nothing was read: nothing proves another history.
+    assert other_history(40, mark, end=90, found=(44, "ffff")) is None
+    assert other_history(40, mark, end=90, found=None) is None
+    assert other_history(40, None, end=90, found=None) is None
+    # Recreated and grown past the checkpoint: another record sits at that offset.
+    found = (40, record_digest(b"k7", b"w"))
+    assert other_history(40, mark, end=90, found=found) == (
+        "store holds another history of the changelog"
+    )
+    # Recreated and shorter than the checkpoint.
+    assert other_history(40, mark, end=12, found=None) == "store ahead of changelog"
+    assert other_history(-1, None, end=0, found=None) is None  # an empty store, an empty log
 
 
 def test_items_are_in_key_order_from_a_start_key(tmp_path: Path) -> None:

@@ -102,3 +102,37 @@ def test_reset_refuses_while_running_then_reprocesses_from_the_chosen_point(
     assert read_store([instance], "activity", keys) == replay_projection(
         activity, everything.events
     )
+
+
+def test_a_volume_the_reset_did_not_wipe_is_rebuilt_from_the_new_changelog(
+    service_factory: Any, kafka_bootstrap: str, app_id: str, tmp_path: Path
+) -> None:
+    """The reset ran on another machine: instance a's volume still holds the old history.
+
+    By the time a restarts, the recreated changelog has grown past a's checkpoints, so only
+    the record at a's last offset tells the two histories apart.
+    """
+    first, second = generate(30, 100, seed=8), generate(30, 600, seed=9)
+    old = service_factory(TARGET, "a", state_dir=tmp_path / "a")
+    old.wait_ready()
+    feed(kafka_bootstrap, app_id, first)
+    assert old.stop() == 0
+    end = asyncio.run(end_offsets(kafka_bootstrap, f"{app_id}-commands"))
+    checkpoints = asyncio.run(end_offsets(kafka_bootstrap, f"{app_id}-accounts-changelog"))
+    at_end = ",".join(f"{p}={o}" for p, o in sorted(end.items()))
+    done = reset(kafka_bootstrap, app_id, "--to-offsets", at_end, "--yes")  # no --state-dir
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "a" / app_id / "accounts").is_dir()
+
+    other = service_factory(TARGET, "b", state_dir=tmp_path / "b")
+    other.wait_ready()
+    feed(kafka_bootstrap, app_id, second)
+    assert other.stop() == 0
+    grown = asyncio.run(end_offsets(kafka_bootstrap, f"{app_id}-accounts-changelog"))
+    assert all(grown[p] > checkpoints[p] for p in checkpoints), (grown, checkpoints)
+
+    again = service_factory(TARGET, "a-again", state_dir=tmp_path / "a")
+    again.wait_ready()
+    keys = sorted({key for key, _ in first + second})
+    assert read_store([again], "accounts", keys) == model(second)
+    assert again.log_tail(400).count("store holds another history of the changelog") == 4

@@ -4,6 +4,11 @@ One group-less consumer serves every local copy of a store, so an instance with 
 still holds one connection. Raw bytes go straight into RocksDB write batches: reading a
 changelog never decodes values. The same reader keeps the changelog end offsets fresh, which is
 what an instance reports as its lag when it joins the group.
+
+A store opened from disk is checked once against the changelog before anything is read into
+it: a copy of another history of the changelog (deleted and recreated by a reset or a snapshot
+restore while this volume was kept) is wiped and restored from scratch, whether the new
+changelog is shorter than its checkpoint or has grown past it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,12 +25,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from enhydra.logs import get_logger
 from enhydra.settings import Settings
-from enhydra.stores.partition import PartitionStore
+from enhydra.stores.partition import PartitionStore, record_digest
 
 log = get_logger("enhydra.changelog")
 
 PROGRESS_EVERY_S = 2.0
 END_OFFSETS_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 5.0
 
 
 class Copy(Protocol):
@@ -41,6 +48,26 @@ class _Restore:
     start: int = 0
     restored: int = 0
     started: float = field(default_factory=time.monotonic)
+
+
+def other_history(
+    checkpoint: int,
+    last_record: tuple[int, str] | None,
+    end: int,
+    found: tuple[int, str] | None,
+) -> str | None:
+    """Why a local store cannot be a copy of this changelog's history, or None if it can be.
+
+    `found` is the (offset, digest) of the first changelog record at or after the store's last
+    record. A different record there proves another history; a later offset (compaction removed
+    that record) or no answer proves nothing, so the store is kept.
+    """
+    if checkpoint + 1 > end:
+        return "store ahead of changelog"
+    same_offset = last_record is not None and found is not None and found[0] == last_record[0]
+    if same_offset and found[1] != last_record[1]:  # type: ignore[index]
+        return "store holds another history of the changelog"
+    return None
 
 
 class ChangelogReader:
@@ -63,6 +90,7 @@ class ChangelogReader:
         self._last_ends = 0.0
         self._last_report = 0.0
         self.failure: BaseException | None = None
+        self._checked: weakref.WeakSet[PartitionStore] = weakref.WeakSet()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
             client_id=f"{settings.instance_id}-changelog",
@@ -132,6 +160,7 @@ class ChangelogReader:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), END_OFFSETS_EVERY_S)
                     continue
+                await self._check_histories()
                 await self._start_pending_restores()
                 # A copy already at the end (a caught-up standby becoming active) finishes now,
                 # not after a fetch that has nothing to return.
@@ -149,8 +178,74 @@ class ChangelogReader:
             log.error("changelog reader failed", error=repr(exc), exc_info=exc)
             raise
 
+    def _current(self, partition: int) -> Copy | None:
+        pair = self._restoring.get(partition)
+        return pair[0] if pair is not None else self._following.get(partition)
+
+    async def _check_histories(self) -> None:
+        """Wipe the copies, each checked once, that hold another history of the changelog."""
+        copies = [
+            c
+            for c in (*(pair[0] for pair in self._restoring.values()), *self._following.values())
+            if c.store not in self._checked
+        ]
+        if not copies:
+            return
+        tps = {c.partition: TopicPartition(self.topic, c.partition) for c in copies}
+        ends = await self._consumer.end_offsets(list(tps.values()))
+        marks = {c.partition: c.store.last_record for c in copies}
+        probe = {p: m[0] for p, m in marks.items() if m is not None and m[0] < ends[tps[p]]}
+        found = await self._records_at({p: tps[p] for p in probe}, probe)
+        for copy in copies:
+            tp = tps[copy.partition]
+            if (
+                self._current(copy.partition) is not copy
+                or copy.store.last_record != marks[copy.partition]
+            ):
+                continue  # replaced or moved on during the awaits: checked on the next pass
+            checkpoint = copy.store.changelog_offset
+            reason = other_history(
+                checkpoint, marks[copy.partition], ends[tp], found.get(tp.partition)
+            )
+            if reason is not None:
+                log.warning(
+                    f"{reason}; wiping it",
+                    partition=copy.partition,
+                    checkpoint=checkpoint,
+                    changelog_end=ends[tp],
+                )
+                path = copy.store.path
+                copy.store.close()
+                PartitionStore.wipe(path)
+                copy.store = PartitionStore(path)
+            self._checked.add(copy.store)
+            self._consumer.seek(tp, copy.store.changelog_offset + 1)
+
+    async def _records_at(
+        self, tps: dict[int, TopicPartition], offsets: dict[int, int]
+    ) -> dict[int, tuple[int, str]]:
+        """(offset, digest) of the first record at or after each offset, within a few seconds."""
+        for partition, offset in offsets.items():
+            self._consumer.seek(tps[partition], offset)
+        found: dict[int, tuple[int, str]] = {}
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while len(found) < len(offsets) and time.monotonic() < deadline:
+            waiting = [tps[p] for p in offsets if p not in found]
+            batch = await self._consumer.getmany(*waiting, timeout_ms=200)
+            for tp, records in batch.items():
+                if records and tp.partition not in found:
+                    found[tp.partition] = (
+                        records[0].offset,
+                        record_digest(records[0].key, records[0].value),
+                    )
+        return found
+
     async def _start_pending_restores(self) -> None:
-        pending = [p for p, (_, r) in self._restoring.items() if r.target is None]
+        pending = [
+            p
+            for p, (copy, r) in self._restoring.items()
+            if r.target is None and copy.store in self._checked
+        ]
         if not pending:
             return
         tps = [TopicPartition(self.topic, p) for p in pending]
@@ -162,22 +257,7 @@ class ChangelogReader:
                 continue  # reassigned while we were asking
             copy, progress = pair
             self.end_offsets[tp.partition] = ends[tp]
-            start = copy.store.changelog_offset + 1
-            if start > ends[tp]:
-                # The changelog is shorter than what we hold: it was deleted and recreated (an
-                # application reset). The local copy belongs to another history; drop it.
-                log.warning(
-                    "store ahead of changelog; wiping it",
-                    partition=tp.partition,
-                    checkpoint=start - 1,
-                    changelog_end=ends[tp],
-                )
-                path = copy.store.path
-                copy.store.close()
-                PartitionStore.wipe(path)
-                copy.store = PartitionStore(path)
-                start = 0
-            start = max(start, begins[tp])
+            start = max(copy.store.changelog_offset + 1, begins[tp])
             self._consumer.seek(tp, start)
             progress.start, progress.target = start, ends[tp]
             if ends[tp] > start:
@@ -189,6 +269,8 @@ class ChangelogReader:
             copy = pair[0] if pair is not None else self._following.get(tp.partition)
             if copy is None or not records:
                 continue  # no longer ours: its new owner reads it
+            if copy.store not in self._checked:
+                continue  # read again from its checkpoint once checked
             if pair is not None and pair[1].target is not None:
                 records = [r for r in records if r.offset < pair[1].target]
                 if not records:

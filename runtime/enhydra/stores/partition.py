@@ -4,11 +4,16 @@ The Kafka changelog is the truth; the local database is a cache of it plus a che
 offset of the last changelog record it contains. Keeping the checkpoint in the same database,
 written in the same WriteBatch as the data, means a restart with the state dir kept restores
 only the changelog tail after that offset, and a crash can never leave the two disagreeing.
+
+Next to the checkpoint, the database remembers a digest of the last changelog record it wrote
+(`last_record`): an offset alone cannot tell the changelog it came from apart from a changelog
+deleted and recreated since (a reset, a snapshot restore) that has grown past that offset.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,6 +23,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, Writ
 META_FAMILY = "enhydra_meta"
 CHANGELOG_OFFSET = b"changelog_offset"
 INPUT_OFFSET = b"input_offset"
+LAST_RECORD = b"last_record"
 DEFAULT_MEMORY_MB = 32
 
 
@@ -82,6 +88,15 @@ def _options() -> Options:
     return options
 
 
+def record_digest(key: bytes, value: bytes | None) -> str:
+    """Identifies one changelog record's content (a tombstone differs from an empty value)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(len(key).to_bytes(4, "big"))
+    digest.update(key)
+    digest.update(b"\x00" if value is None else b"\x01" + value)
+    return digest.hexdigest()
+
+
 class PartitionStore:
     """Key/value bytes for one partition of one store, with its changelog checkpoint."""
 
@@ -120,6 +135,15 @@ class PartitionStore:
         return self._meta_int(CHANGELOG_OFFSET)
 
     @property
+    def last_record(self) -> tuple[int, str] | None:
+        """(offset, digest) of the last changelog record written here; None when unknown."""
+        raw = self._meta.get(LAST_RECORD)
+        if raw is None:
+            return None
+        offset, digest = raw.decode().split(":")
+        return int(offset), digest
+
+    @property
     def input_offset(self) -> int:
         """Offset of the last input record whose effect is contained here; -1 when none."""
         return self._meta_int(INPUT_OFFSET)
@@ -132,15 +156,23 @@ class PartitionStore:
         changelog_offset: int | None = None,
         input_offset: int | None = None,
     ) -> None:
-        """Apply puts (None value = delete) and move the checkpoints, atomically."""
+        """Apply puts (None value = delete) and move the checkpoints, atomically.
+
+        With `changelog_offset`, the last put is the changelog record at that offset.
+        """
         batch = WriteBatch(raw_mode=True)
-        for key, value in puts:
+        last = None
+        for last in puts:
+            key, value = last
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
         if changelog_offset is not None:
             batch.put(CHANGELOG_OFFSET, str(changelog_offset).encode(), self._meta_handle)
+            if last is not None:
+                mark = f"{changelog_offset}:{record_digest(*last)}"
+                batch.put(LAST_RECORD, mark.encode(), self._meta_handle)
         if input_offset is not None:
             batch.put(INPUT_OFFSET, str(input_offset).encode(), self._meta_handle)
         self._db.write(batch)
