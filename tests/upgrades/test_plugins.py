@@ -20,7 +20,13 @@ from enhydra.plugins import (
     load_plugins,
 )
 from enhydra.projections import Projection, fold_batch, replay_projection
-from enhydra.projections.model import EventRecord, ProjectedEntry, decode, encode
+from enhydra.projections.model import (
+    EventRecord,
+    ProjectedEntry,
+    decode,
+    encode,
+    event_source,
+)
 from enhydra.testing import Driver
 from enhydra.topology import topology_of
 from ledger.domain import accounts
@@ -54,6 +60,34 @@ def test_fold_batch_folds_per_key_and_skips_redelivered_events() -> None:
     assert (result.skipped, result.ignored, result.last_offset) == (2, 1, 7)
 
 
+def test_events_the_service_published_twice_are_folded_once() -> None:
+    """A crash between publishing a batch's events and writing its changelog re-publishes them.
+
+    The copies sit at new events offsets, so only their source tells them apart: command 10
+    emitted two events, command 11 one; the crash re-published command 10's second event and
+    command 11's event, after which command 12 is new.
+    """
+    projection = Projection("counts", count)
+
+    def event(offset: int, command: int, index: int) -> EventRecord:
+        headers = [
+            ("enhydra.command_offset", b"%d" % command),
+            ("enhydra.event_index", b"%d" % index),
+        ]
+        return EventRecord(offset, b"a", b'{"type": "x"}', event_source(headers))
+
+    stored = {"a": ProjectedEntry(2, offset=1, source=(10, 0))}  # folded command 10's first
+    records = [event(2, 10, 1), event(3, 11, 0), event(4, 10, 1), event(5, 11, 0), event(6, 12, 0)]
+    result = fold_batch(projection, records, stored.get)
+    assert result.changed == {"a": ProjectedEntry(5, 6, (12, 0))}
+    assert (result.duplicates, result.skipped) == (2, 0)
+    # An event without Enhydra's headers is folded and keeps the bookkeeping it found.
+    later = fold_batch(projection, [EventRecord(7, b"a", b'{"type": "x"}')], result.changed.get)
+    assert later.changed == {"a": ProjectedEntry(6, 7, (12, 0))}
+    assert event_source([("enhydra.command_offset", b"3")]) is None
+    assert event_source([("enhydra.command_offset", b"x"), ("enhydra.event_index", b"0")]) is None
+
+
 def test_a_projection_returning_none_deletes_the_key() -> None:
     def forget(state: Any, event: dict) -> Any:
         return None if event["type"] == "closed" else (state or 0) + 1
@@ -69,6 +103,8 @@ def test_a_projection_returning_none_deletes_the_key() -> None:
 def test_entry_round_trip() -> None:
     entry = ProjectedEntry({"n": 1}, 42)
     assert decode(encode(entry)) == entry
+    with_source = ProjectedEntry({"n": 1}, 42, (7, 1))
+    assert decode(encode(with_source)) == with_source
 
 
 @pytest.mark.parametrize("name", ["", "a b", "x/y"])

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from enhydra.projections import replay_projection
 from enhydra.testing import Driver
-from enhydra.testing.processes import ServiceProcess, wait_for_committed
+from enhydra.testing.processes import ServiceProcess, read_topic, wait_for_committed
 from ledger.domain import accounts
 from ledger.workload import generate
 from tests.integration.ledger_support import feed
@@ -45,6 +46,21 @@ def read_store(instances: list[ServiceProcess], store: str, keys: list[str]) -> 
     return found
 
 
+async def republish_last(bootstrap: str, topic: str, *, per_partition: int) -> None:
+    records = await read_topic(bootstrap, topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for partition in {r.partition for r in records}:
+            for r in [r for r in records if r.partition == partition][-per_partition:]:
+                await producer.send(
+                    topic, r.value, key=r.key, partition=partition, headers=list(r.headers)
+                )
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
 def test_installed_plugin_adds_a_queryable_projection(
     service_factory: Any, kafka_bootstrap: str, app_id: str, plugin_site: Path
 ) -> None:
@@ -54,6 +70,14 @@ def test_installed_plugin_adds_a_queryable_projection(
         instance.wait_ready()
     commands = generate(40, 600, seed=21)
     feed(kafka_bootstrap, app_id, commands)
+    asyncio.run(
+        wait_for_committed(
+            kafka_bootstrap, f"{app_id}-projection-activity", f"{app_id}-events", timeout=60
+        )
+    )
+    # What an instance killed between publishing a batch's events and writing its changelog
+    # does when the batch is redelivered: the same events, headers included, published again.
+    asyncio.run(republish_last(kafka_bootstrap, f"{app_id}-events", per_partition=50))
     asyncio.run(
         wait_for_committed(
             kafka_bootstrap, f"{app_id}-projection-activity", f"{app_id}-events", timeout=60

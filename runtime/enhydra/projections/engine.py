@@ -27,6 +27,7 @@ from enhydra.projections.model import (
     Projection,
     decode,
     encode,
+    event_source,
     fold_batch,
 )
 from enhydra.settings import Settings
@@ -68,7 +69,7 @@ class ProjectionEngine:
         self.changelog_topic = projection.changelog_topic(settings.app_id)
         self.tasks: dict[int, ProjectionTask] = {}
         self.rebalancing = True
-        self.stats = {"processed": 0, "skipped": 0, "changed": 0, "batches": 0}
+        self.stats = {"processed": 0, "skipped": 0, "duplicates": 0, "changed": 0, "batches": 0}
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self._lock = asyncio.Lock()
@@ -251,7 +252,9 @@ class ProjectionEngine:
                 return decode(raw) if raw is not None else None
 
             result = fold_batch(
-                self.projection, (EventRecord(r.offset, r.key, r.value) for r in records), load
+                self.projection,
+                (EventRecord(r.offset, r.key, r.value, event_source(r.headers)) for r in records),
+                load,
             )
             puts = [
                 (k.encode("utf-8"), encode(e) if e is not None else None)
@@ -279,6 +282,7 @@ class ProjectionEngine:
             task.processed += count
             self.stats["processed"] += count
             self.stats["skipped"] += result.skipped
+            self.stats["duplicates"] += result.duplicates
             self.stats["changed"] += len(puts)
             offsets[tp] = result.last_offset + 1
         self.stats["batches"] += 1

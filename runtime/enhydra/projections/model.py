@@ -8,7 +8,11 @@ one never disturbs the aggregate, and removing one leaves the aggregate as it wa
 
 Each stored value remembers the events offset that last changed its key, so an event Kafka
 redelivers after a crash is skipped instead of folded twice (the same rule as the aggregate's
-store). The fold below is pure: the Kafka engine and unit tests run the same code.
+store). It also remembers the event's source, (`enhydra.command_offset`,
+`enhydra.event_index`): the service itself publishes a batch's events again when it crashed
+between publishing them and writing its changelog, and those copies sit at new offsets, but
+their source is not beyond the one already folded (the Spark fold's rule). The fold below is
+pure: the Kafka engine and unit tests run the same code.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from enhydra.aggregate import Event, State
+from enhydra.processing.output import COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 
 Project = Callable[[State, Event], State]
 
@@ -45,21 +50,27 @@ class Projection:
         return f"{app_id}-{self.name}-changelog"
 
 
+Source = tuple[int, int]  # (command offset, event index): an event's place in its key's history
+
+
 @dataclass(slots=True)
 class ProjectedEntry:
-    """A projection's stored value: the state and the events offset that last changed it."""
+    """A projection's stored value: the state, the events offset and source that last changed it."""
 
     state: State
     offset: int = -1
+    source: Source | None = None
 
 
 def encode(entry: ProjectedEntry) -> bytes:
-    return orjson.dumps((entry.offset, entry.state))
+    if entry.source is None:
+        return orjson.dumps((entry.offset, entry.state))
+    return orjson.dumps((entry.offset, entry.state, entry.source))
 
 
 def decode(data: bytes) -> ProjectedEntry:
-    offset, state = orjson.loads(data)
-    return ProjectedEntry(state, offset)
+    offset, state, *source = orjson.loads(data)
+    return ProjectedEntry(state, offset, tuple(source[0]) if source else None)
 
 
 @dataclass(slots=True)
@@ -69,12 +80,30 @@ class EventRecord:
     offset: int
     key: bytes | None
     value: bytes | None
+    source: Source | None = None  # None: not published by an Enhydra service
+
+
+def event_source(headers: Iterable[tuple[str, bytes]] | None) -> Source | None:
+    """(command offset, event index) from an event's headers; None when either is missing."""
+    offset = index = None
+    for name, value in headers or ():
+        if name == COMMAND_OFFSET_HEADER:
+            offset = value
+        elif name == EVENT_INDEX_HEADER:
+            index = value
+    if offset is None or index is None:
+        return None
+    try:
+        return int(offset), int(index)
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
 class FoldResult:
     changed: dict[str, ProjectedEntry | None] = field(default_factory=dict)  # None: deleted
-    skipped: int = 0
+    skipped: int = 0  # redelivered by Kafka
+    duplicates: int = 0  # published again by the service
     ignored: int = 0  # records without a key or a JSON object value: nothing to fold
     last_offset: int = -1
 
@@ -101,9 +130,17 @@ def fold_batch(
         if entry is not None and record.offset <= entry.offset:
             result.skipped += 1  # redelivered: already folded
             continue
+        source = record.source
+        if entry is not None and entry.source is not None:
+            if source is not None and source <= entry.source:
+                result.duplicates += 1  # a copy of an event already folded
+                continue
+            source = source or entry.source
         state = entry.state if entry is not None else projection.initial_state
         state = project(state, event)
-        result.changed[key] = None if state is None else ProjectedEntry(state, record.offset)
+        result.changed[key] = (
+            None if state is None else ProjectedEntry(state, record.offset, source)
+        )
     return result
 
 
