@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -184,3 +185,42 @@ def test_standbys_go_to_the_other_zone() -> None:
         owner = result.active_owner(task)
         (standby,) = [c for c, a in result.clients.items() if task in a.standby]
         assert zone[standby] != zone[owner]
+
+
+@pytest.mark.parametrize(
+    ("instances", "tasks", "standbys"),
+    [(4, 8, 1), (3, 6, 1), (6, 12, 1), (4, 12, 2), (5, 8, 1), (3, 4, 1)],
+)
+def test_instances_started_one_by_one_end_up_sharing_the_copies(
+    instances: int, tasks: int, standbys: int
+) -> None:
+    """A rolling start: each new instance joins a group whose copies are all caught up.
+
+    Sticky placement alone left the late joiners with no standbys at all (4 instances, 8
+    partitions, 1 standby: 4, 4, 0, 0); every instance must end with its share, give or take
+    one copy for each of the instance's own actives that excludes it from a task.
+    """
+    config = AssignmentConfig(
+        num_standby_replicas=standbys, acceptable_recovery_lag=100, max_warmup_replicas=2
+    )
+    held: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+    for joined in range(1, instances + 1):
+        for _ in range(20):  # probing rebalances, copies caught up in between, until stable
+            clients = [
+                ClientState(
+                    cid,
+                    previous_active=held.get(cid, (frozenset(), frozenset()))[0],
+                    previous_standby=held.get(cid, (frozenset(), frozenset()))[1],
+                    lags=dict.fromkeys(frozenset().union(*held.get(cid, ())), 0),
+                )
+                for cid in (f"i{n}" for n in range(1, joined + 1))
+            ]
+            result = assign(range(tasks), clients, config)
+            held = {c: (a.active, a.standby | a.warmup) for c, a in result.clients.items()}
+            if not result.probing_rebalance_needed:
+                break
+    actives = counts(result)
+    copies = {c: len(a.standby) for c, a in result.clients.items()}
+    assert max(actives.values()) - min(actives.values()) <= 1
+    assert sum(copies.values()) == tasks * standbys
+    assert max(copies.values()) - min(copies.values()) <= 2, copies

@@ -14,7 +14,10 @@ aware standby placement (KIP-708):
    copy is caught up, so processing never waits for a restore.
 3. Each task gets min(num_standby_replicas, clients - 1) standbys on clients other than its
    active, chosen to spread the values of the rack-aware tags as widely as the clients allow,
-   then preferring clients that already hold the state, then the least loaded.
+   then among clients below their fair share of copies (actives and standbys), the least
+   loaded, a client that already holds the state counting one copy less: copies stay where
+   they are unless that leaves another client two behind, so instances started one by one
+   end up sharing the standbys instead of the first ones keeping them all.
 
 No client holds two copies (active, standby, warm-up) of one task. The same input always gives
 the same output, and an unchanged caught-up group keeps its assignment.
@@ -179,7 +182,15 @@ def _standbys(tasks, ids, by_id, active, pending, lag, config) -> dict[str, set[
     standby: dict[str, set[int]] = {cid: set() for cid in ids}
     wanted = min(config.num_standby_replicas, len(ids) - 1)
     keys = config.rack_aware_assignment_tags
-    for task in tasks:
+    share = -(-len(tasks) * (1 + wanted) // len(ids))  # of copies, active or standby
+    # A client's load: its actives, its standbys so far, and the copies pending moves will
+    # give it (a pending move's destination takes that task's standby when it is chosen).
+    load = {cid: sum(1 for owner in active.values() if owner == cid) for cid in ids}
+    for dest in pending.values():
+        load[dest] += 1
+    for task in _round_robin_by_owner(tasks, active):
+        if task in pending:
+            load[pending[task]] -= 1
         holders = {active[task]}
         used = {key: {by_id[active[task]].tags.get(key)} for key in keys}
         for _ in range(wanted):
@@ -190,18 +201,34 @@ def _standbys(tasks, ids, by_id, active, pending, lag, config) -> dict[str, set[
                 return (
                     -_tag_spread(client, used, keys),
                     pending.get(task) != cid,  # the destination of a pending move warms here
-                    task not in client.previous_standby and task not in client.previous_active,
+                    load[cid] >= share,
+                    load[cid] - (lag(cid, task) <= config.acceptable_recovery_lag),
                     lag(cid, task),
-                    len(standby[cid]),
                     cid,
                 )
 
             chosen = min(candidates, key=rank)
             standby[chosen].add(task)
+            load[chosen] += 1
             holders.add(chosen)
             for key in keys:
                 used[key].add(by_id[chosen].tags.get(key))
     return standby
+
+
+def _round_robin_by_owner(tasks, active) -> list[int]:
+    """Each owner's first task, then each one's second, and so on.
+
+    In plain task order, the tasks whose actives sit on the last clients would come when every
+    other client has reached its share, and their standbys would have nowhere fair to go.
+    """
+    seen: dict[str, int] = {}
+    place = {}
+    for task in tasks:
+        owner = active[task]
+        place[task] = (seen.get(owner, 0), task)
+        seen[owner] = seen.get(owner, 0) + 1
+    return sorted(tasks, key=place.__getitem__)
 
 
 def _warmups(ids, active, standby, pending, lag, config) -> dict[str, set[int]]:
