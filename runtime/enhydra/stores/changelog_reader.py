@@ -195,14 +195,11 @@ class ChangelogReader:
         ends = await self._consumer.end_offsets(list(tps.values()))
         marks = {c.partition: c.store.last_record for c in copies}
         probe = {p: m[0] for p, m in marks.items() if m is not None and m[0] < ends[tps[p]]}
-        found = await self._records_at({p: tps[p] for p in probe}, probe)
+        found = await self._records_at(probe)
         for copy in copies:
             tp = tps[copy.partition]
-            if (
-                self._current(copy.partition) is not copy
-                or copy.store.last_record != marks[copy.partition]
-            ):
-                continue  # replaced or moved on during the awaits: checked on the next pass
+            if self._current(copy.partition) is not copy:
+                continue  # replaced during the awaits: its replacement is checked next pass
             checkpoint = copy.store.changelog_offset
             reason = other_history(
                 checkpoint, marks[copy.partition], ends[tp], found.get(tp.partition)
@@ -221,10 +218,13 @@ class ChangelogReader:
             self._checked.add(copy.store)
             self._consumer.seek(tp, copy.store.changelog_offset + 1)
 
-    async def _records_at(
-        self, tps: dict[int, TopicPartition], offsets: dict[int, int]
-    ) -> dict[int, tuple[int, str]]:
-        """(offset, digest) of the first record at or after each offset, within a few seconds."""
+    async def _records_at(self, offsets: dict[int, int]) -> dict[int, tuple[int, str]]:
+        """(offset, digest) of the first record at or after each offset, within a few seconds.
+
+        Unchecked copies are not written (`_write` skips them), so reading ahead here loses
+        nothing: the caller seeks each back to its checkpoint.
+        """
+        tps = {partition: TopicPartition(self.topic, partition) for partition in offsets}
         for partition, offset in offsets.items():
             self._consumer.seek(tps[partition], offset)
         found: dict[int, tuple[int, str]] = {}
