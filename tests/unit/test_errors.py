@@ -11,7 +11,7 @@ from enhydra.errors.dlq import DeadLetter, Selection, dead_letter_headers
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, PolicyError, UncaughtPolicy
 from enhydra.errors.uncaught import RestartBudget, UncaughtDecider
 from enhydra.processing.core import Failure, InputRecord, Stage, process_batch
-from enhydra.processing.retries import RetryTracker
+from enhydra.runner.retries import RetryTracker
 from ledger.domain import accounts
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 
 from enhydra.aggregate import Aggregate, Command, Event, State
-from enhydra.processing.core import Entry, Failure, InputRecord, process_batch
+from enhydra.contracts.codec import Entry
+from enhydra.processing.core import Failure, InputRecord, process_batch
 from enhydra.service import Service
 
 

@@ -1,11 +1,11 @@
 """A service's topology: a pure model, its fingerprint, a compatibility check, a diagram.
 
-`fingerprint(service)` is the one definition of "same layout" that snapshots, upgrades and
-tooling agree on.
+`topology_of(service)["fingerprint"]` (contracts/fingerprint.py) is the one definition of
+"same layout" that snapshots, upgrades and tooling agree on.
 """
 
+from enhydra.contracts.fingerprint import canonical_json, compatibility_view, fingerprint
 from enhydra.topology.compat import ADVICE, Change, Path, compare, render, verdict
-from enhydra.topology.fingerprint import canonical_json, compatibility_view, fingerprint
 from enhydra.topology.mermaid import to_mermaid
 from enhydra.topology.model import (
     FORMAT,
