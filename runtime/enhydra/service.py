@@ -17,6 +17,7 @@ from typing import Any
 from enhydra.aggregate import Aggregate, BoundAggregate
 from enhydra.errors.policies import ErrorPolicies, Handler
 from enhydra.errors.uncaught import EXIT_CANNOT_START, EXIT_SHUTDOWN_CLIENT, UncaughtHandler
+from enhydra.kafka.noise import ConnectionNoise
 from enhydra.logs import configure_logging, get_logger
 from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
 from enhydra.projections.model import Projection
@@ -135,6 +136,7 @@ class Service:
             fmt=s.log_format,
             level=s.log_level,
             static={"app": s.app_id, "instance": s.instance_id},
+            filters=[ConnectionNoise()],  # a broker outage: a few lines a minute, not thousands
         )
         for name, closest in unknown_variables():
             log.warning("unknown setting ignored", variable=name, did_you_mean=closest)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
 from enhydra.contracts.codec import Entry
+from enhydra.errors.failure import Failure, Stage
 
 
 @dataclass(slots=True)
@@ -39,25 +39,6 @@ class EmittedEvents:
     offset: int
     events: list[Event]
     payloads: list[bytes] = field(default_factory=list)  # the events, serialized
-
-
-class Stage(StrEnum):
-    """Where a record failed: reading it, running decide/apply, or serializing its outputs."""
-
-    DESERIALIZE = "deserialize"
-    PROCESS = "process"
-    PRODUCE = "produce"
-
-
-@dataclass(slots=True)
-class Failure:
-    """A record that could not be processed, and why; the error policies decide its fate."""
-
-    record: InputRecord
-    stage: Stage
-    error: BaseException
-    key: str | None = None
-    attempts: int = 1
 
 
 class OutputTooLarge(ValueError):

@@ -15,10 +15,11 @@ from enhydra.aggregate import BoundAggregate, dumps
 from enhydra.contracts.codec import Entry, decode_entry, encode_entry
 from enhydra.contracts.headers import event_headers
 from enhydra.errors.dlq import dead_letter_headers
+from enhydra.errors.failure import Failure
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
-from enhydra.processing.core import BatchResult, Failure, process_batch
+from enhydra.processing.core import BatchResult, process_batch
 from enhydra.runner.checkpoint import Out
 from enhydra.runner.runner import StepOutput
 from enhydra.runner.tasks import Task

@@ -36,13 +36,13 @@ from enhydra.kafka.errors import transient
 from enhydra.kafka.groups import request_rejoin
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
+from enhydra.runner.changelog_reader import ChangelogReader
 from enhydra.runner.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce, Out, PartitionWrite, Put
 from enhydra.runner.cuts import Cuts
 from enhydra.runner.rebalance import ForwardingListener
 from enhydra.runner.retries import RetryTracker
 from enhydra.runner.tasks import Role, Task, TaskStatus
 from enhydra.settings import Settings
-from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
 from enhydra.stores.partition import configure_memory as configure_store_memory
 

@@ -14,7 +14,8 @@ import orjson
 
 from enhydra.aggregate import Aggregate, Command, Event, State
 from enhydra.contracts.codec import Entry
-from enhydra.processing.core import Failure, InputRecord, process_batch
+from enhydra.errors.failure import Failure
+from enhydra.processing.core import InputRecord, process_batch
 from enhydra.service import Service
 
 
