@@ -88,6 +88,14 @@ def load_filters():
     return module
 
 
+def assert_clean_and_green(project: Path, report: Path) -> None:
+    """ruff finds nothing, and every test that needs no broker passes."""
+    assert ruff_clean(project) == ""
+    checks = run_pytest(project, report, "-m", "not integration")
+    assert checks.returncode == 0, checks.stdout[-6000:] + checks.stderr[-3000:]
+    assert set(outcomes(report).values()) == {"passed"}
+
+
 def test_generates_the_expected_files(project: Path) -> None:
     files = {p.relative_to(project).as_posix() for p in generated_files(project)}
     assert files == EXPECTED_FILES
@@ -186,11 +194,7 @@ def test_other_values_render_valid_files(tmp_path: Path) -> None:
     assert "PYTHON    ?= $(shell command -v python3.12" in (project / "Makefile").read_text()
     compose = (project / "docker-compose.yml").read_text()
     assert '"7070:7070"' in compose and '"7071:7070"' in compose
-    assert ruff_clean(project) == ""
-    report = tmp_path / "report.xml"
-    checks = run_pytest(project, report, "-m", "not integration")
-    assert checks.returncode == 0, checks.stdout[-6000:] + checks.stderr[-3000:]
-    assert set(outcomes(report).values()) == {"passed"}
+    assert_clean_and_green(project, tmp_path / "report.xml")
 
 
 def test_one_command_type_from_an_index(tmp_path: Path) -> None:
@@ -212,11 +216,7 @@ def test_one_command_type_from_an_index(tmp_path: Path) -> None:
     assert "COPY vendor/" not in dockerfile and "ARG PIP_INDEX_URL" in dockerfile
     workflow = (project / ".github/workflows/ci.yml").read_text()
     assert "PIP_INDEX_URL: ${{ vars.PIP_INDEX_URL }}" in workflow
-    assert ruff_clean(project) == ""
-    report = tmp_path / "report.xml"
-    checks = run_pytest(project, report, "-m", "not integration")
-    assert checks.returncode == 0, checks.stdout[-6000:] + checks.stderr[-3000:]
-    assert set(outcomes(report).values()) == {"passed"}
+    assert_clean_and_green(project, tmp_path / "report.xml")
 
 
 @pytest.mark.parametrize(

@@ -60,8 +60,7 @@ def check_answers(answers: dict[str, str], questions: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, list(questions), n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise NewError(
-                f"the template has no question {key!r}: {hint}it asks for "
-                + ", ".join(questions),
+                f"the template has no question {key!r}: {hint}it asks for " + ", ".join(questions),
                 2,
             )
         choices = questions[key]
