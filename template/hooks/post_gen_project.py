@@ -38,10 +38,13 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 1
+        print(vendored.stdout.strip())
     else:
         shutil.rmtree("vendor", ignore_errors=True)
     locked = enhydra("topology", "lock")
-    if locked.returncode != 0:
+    if locked.returncode == 0:
+        print(locked.stdout.strip())
+    else:
         print(
             f"warning: could not write topology.json ({locked.stderr.strip()[-500:]}); "
             "write it with: enhydra topology lock",

@@ -1,5 +1,6 @@
 """A generated project stands on its own: committed with git, cloned where this repository is out
-of sight, `make test` installs it and passes, `make demo` runs it, and its image builds and runs.
+of sight, `make test` installs it and passes (and `make lint`, as CI runs them), `make demo`
+runs it, and its image builds and runs.
 
 The clone's environment cannot reach this checkout: no PYTHONPATH, no PATH entry into this
 repository, a fresh virtualenv made by the project's Makefile, no PIP_FIND_LINKS, and pip's
@@ -107,6 +108,7 @@ def test_a_clone_installs_and_passes_make_test_without_this_repository(
     run(["make", "test", f"PYTEST_ARGS=--junitxml={report}"], clone, env, timeout=900)
     results = outcomes(report)
     report.unlink()
+    run(["make", "lint"], clone, env)  # what CI runs first
     assert set(results.values()) == {"passed"}, results
     for test in (
         "tests.test_integration::test_final_state_matches_the_model",
