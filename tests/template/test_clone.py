@@ -31,7 +31,6 @@ pytestmark = [
     pytest.mark.template,
     pytest.mark.slow,
     pytest.mark.integration,
-    pytest.mark.containers,
     pytest.mark.timeout(1500),
 ]
 
@@ -110,6 +109,7 @@ def test_a_clone_installs_and_passes_make_test_without_this_repository(
     report.unlink()
     run(["make", "lint"], clone, env)  # what CI runs first
     assert set(results.values()) == {"passed"}, results
+    assert len(results) >= 25, results
     for test in (
         "tests.test_integration::test_final_state_matches_the_model",
         "tests.test_backfill::test_backfill_rebuilds_the_service_state",
@@ -146,6 +146,7 @@ def depot_image(clone: Path) -> image.Built:
     return image.build(clone, tag="localhost/depot:clone-test")
 
 
+@pytest.mark.containers
 def test_the_clone_builds_an_image_that_runs_its_vendored_runtime(
     clone: Path, depot_image: image.Built, kafka_bootstrap: str, app_id: str
 ) -> None:
