@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ def test_dockerfile_essentials() -> None:
     froms = [line for line in instructions if line.startswith("FROM ")]
     assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE} AS runtime"]
     assert "pip wheel --wheel-dir /wheels --find-links /wheelhouse ." in text
-    assert "--no-index" in text
+    wheel = SLUG.replace("-", "_")
+    assert f"pip install --no-index --find-links /wheels /wheels/{wheel}-*.whl" in text
     assert f"ENHYDRA_STATE_DIR={STATE_DIR}" in text
     assert f'VOLUME ["{STATE_DIR}"]' in text
     assert f"chown enhydra:enhydra {STATE_DIR}" in text
@@ -75,6 +77,13 @@ def test_dockerfile_essentials() -> None:
     entrypoint = re.search(r"^ENTRYPOINT (.+)$", text, flags=re.M)
     assert entrypoint and json.loads(entrypoint.group(1))[0].endswith("tini")
     assert (ROOT / "wheelhouse").is_dir()
+
+
+def test_the_runtime_comes_from_an_index() -> None:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (runtime,) = [d for d in dependencies if d.startswith("enhydra")]
+    assert "@" not in runtime, runtime
+    assert "ARG PIP_INDEX_URL" in (ROOT / "Dockerfile").read_text()
 
 
 # --- docker compose ---------------------------------------------------------------------------
