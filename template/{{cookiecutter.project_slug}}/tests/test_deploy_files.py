@@ -169,6 +169,24 @@ def test_statefulset_keeps_state_and_stops_gracefully() -> None:
     assert names.index("POD_NAME") < names.index("ENHYDRA_ADVERTISED_URL")
 
 
+def test_kafka_credentials_come_from_optional_secrets() -> None:
+    """Security settings from one Secret, credential files from another; neither is required."""
+    (sts,) = load_yaml("k8s/statefulset.yaml")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (source,) = container["envFrom"]
+    assert source["secretRef"] == {"name": f"{SLUG}-kafka", "optional": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files = volumes["kafka-files"]["secret"]
+    assert files["secretName"] == f"{SLUG}-kafka-files" and files["optional"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kafka-files"]["mountPath"] == "/var/run/secrets/kafka"
+    assert mounts["kafka-files"]["readOnly"] is True
+    # No secret value is written into the manifests themselves.
+    env = env_of(container)
+    assert not {"ENHYDRA_SASL_PASSWORD", "ENHYDRA_SSL_KEY_PASSWORD"} & set(env)
+
+
 def test_services_route_to_the_pods() -> None:
     (headless,) = load_yaml("k8s/service-headless.yaml")
     (service,) = load_yaml("k8s/service.yaml")
