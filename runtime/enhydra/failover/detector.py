@@ -148,7 +148,8 @@ def decide(state: PeerState, now: float, config: DetectorConfig) -> Decision:
     seen = state.last_heartbeat is not None
     if seen and state.refused_at is not None and not state.refusals_untrusted:
         return _dead("process gone: its port refuses connections", state)
-    http_quiet = now - max(state.last_heartbeat or state.watching_since, state.quiet_floor)
+    last_heard = state.watching_since if state.last_heartbeat is None else state.last_heartbeat
+    http_quiet = now - max(last_heard, state.quiet_floor)
     kafka_quiet = (
         None if state.last_beacon is None else now - max(state.last_beacon, state.quiet_floor)
     )
