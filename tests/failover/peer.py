@@ -36,7 +36,8 @@ class Reporter(ConsumerRebalanceListener):
         self.consumer: AIOKafkaConsumer | None = None
 
     def member(self) -> str | None:
-        return self.consumer._coordinator.member_id if self.consumer else None
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        return coordinator.member_id if coordinator is not None else None
 
     async def on_partitions_revoked(self, revoked):  # type: ignore[no-untyped-def]
         if revoked:

@@ -74,10 +74,10 @@ class LivenessEndpoint:
         response = web.StreamResponse(
             headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
         )
-        await response.prepare(request)
         self.streams += 1
         seq = 0
         try:
+            await response.prepare(request)
             await response.write(self._line(seq, 0.0))
             while not self._stopping.is_set():
                 due = time.monotonic() + self.interval_s
