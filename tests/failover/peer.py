@@ -1,7 +1,7 @@
 """A tiny instance for the failover tests: a static group member with a liveness endpoint.
 
     python -m tests.failover.peer --instance v1 --port 0 [--bootstrap B --group G --topic T]
-        [--session-timeout-ms 30000] [--heartbeat-interval-ms 3000] [--beacon]
+        [--session-timeout-ms 30000] [--heartbeat-interval-ms 3000] [--beacon] [--dynamic]
 
 Prints JSON lines: {"event": "listening", "port": P}, then {"event": "assigned"|"revoked",
 "partitions": [...], "member": ..., "at": unix time} on every rebalance. It keeps consuming, so
@@ -39,12 +39,17 @@ class Reporter(ConsumerRebalanceListener):
         coordinator = getattr(self.consumer, "_coordinator", None)
         return coordinator.member_id if coordinator is not None else None
 
+    def generation(self) -> int | None:
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        return coordinator.generation if coordinator is not None else None
+
     async def on_partitions_revoked(self, revoked):  # type: ignore[no-untyped-def]
         if revoked:
             emit("revoked", partitions=sorted(tp.partition for tp in revoked))
 
     async def on_partitions_assigned(self, assigned):  # type: ignore[no-untyped-def]
-        emit("assigned", partitions=sorted(tp.partition for tp in assigned), member=self.member())
+        partitions = sorted(tp.partition for tp in assigned)
+        emit("assigned", partitions=partitions, member=self.member(), generation=self.generation())
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -72,7 +77,7 @@ async def main(args: argparse.Namespace) -> None:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=args.bootstrap,
             group_id=args.group,
-            group_instance_id=args.instance,
+            group_instance_id=None if args.dynamic else args.instance,
             client_id=args.instance,
             session_timeout_ms=args.session_timeout_ms,
             heartbeat_interval_ms=args.heartbeat_interval_ms,
@@ -104,7 +109,7 @@ async def main(args: argparse.Namespace) -> None:
     if control is not None:
         await control.stop()
     if consumer is not None:
-        await consumer.stop()  # a static member: no LeaveGroup
+        await consumer.stop()  # a static member sends no LeaveGroup; a dynamic one does
     await runner.cleanup()
     emit("stopped")
 
@@ -119,4 +124,5 @@ if __name__ == "__main__":
     parser.add_argument("--session-timeout-ms", type=int, default=30000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=3000)
     parser.add_argument("--beacon", action="store_true")
+    parser.add_argument("--dynamic", action="store_true", help="no group.instance.id")
     asyncio.run(main(parser.parse_args()))
