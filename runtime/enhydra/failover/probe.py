@@ -73,6 +73,7 @@ class FailureDetector:
         connect_timeout_s: float = 0.5,
         tick_s: float = 0.1,
         observer_stall_s: float = 0.5,
+        headers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.instance_id = instance_id
@@ -83,6 +84,7 @@ class FailureDetector:
         self._tick_s = tick_s
         self._observer_stall_s = observer_stall_s
         self._clock = clock
+        self._headers = dict(headers or {})  # e.g. the query token, if the route is guarded
         self.peers: dict[str, Peer] = {}
         self._beacons: dict[str, float] = {}  # instance -> when its last beacon arrived
         self.removed: list[tuple[str, float]] = []  # (instance, when) for stats and tests
@@ -213,7 +215,8 @@ class FailureDetector:
         )
         got_line = False
         try:
-            async with self._session.get(peer.url + STREAM_PATH, timeout=timeout) as response:
+            url = peer.url + STREAM_PATH
+            async with self._session.get(url, timeout=timeout, headers=self._headers) as response:
                 if response.status != 200:
                     log.warning(
                         "peer has no liveness stream", peer=peer.instance, status=response.status
