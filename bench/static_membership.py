@@ -34,7 +34,7 @@ from common import ROOT, fresh_broker, load_average, machine, median, progress, 
 sys.path.insert(0, str(ROOT))
 
 from enhydra.control.channel import ControlChannel
-from enhydra.failover import FailureDetector, Verdict, beacon_origin, group_remover
+from enhydra.failover import FailureDetector, Verdict, group_remover
 from tests.failover.support import PeerProcess, make_group_topics
 
 PARTITIONS = 4
@@ -103,13 +103,7 @@ async def kill_run(bootstrap: str, v: Variant) -> float:
         if v.detector:
             peers = {"s1": survivor.url, "v1": victim.url}
             detector = FailureDetector("bench", lambda: peers, group_remover(bootstrap, group))
-
-            async def on_control(message: dict) -> None:
-                origin = beacon_origin(message)
-                if origin and detector is not None:
-                    detector.on_beacon(origin)
-
-            control = ControlChannel(bootstrap, group, "bench", on_control)
+            control = ControlChannel(bootstrap, group, "bench", detector.on_control_message)
             await control.start()
             await detector.start()
             await until(

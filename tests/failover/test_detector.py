@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from enhydra.control.channel import ControlChannel
-from enhydra.failover import DetectorConfig, FailureDetector, Verdict, beacon_origin, group_remover
+from enhydra.failover import DetectorConfig, FailureDetector, Verdict, group_remover
 from tests.failover.support import PeerProcess, make_group_topics, stalled_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -68,12 +68,7 @@ async def cluster(kafka_bootstrap) -> AsyncIterator[Cluster]:
     verdicts: list[tuple[float, str, Verdict]] = []
     detector = FailureDetector("observer", lambda: peers, group_remover(kafka_bootstrap, group))
 
-    async def on_control(message: dict) -> None:
-        origin = beacon_origin(message)
-        if origin:
-            detector.on_beacon(origin)
-
-    control = ControlChannel(kafka_bootstrap, group, "observer", on_control)
+    control = ControlChannel(kafka_bootstrap, group, "observer", detector.on_control_message)
     await control.start()
     await detector.start()
 

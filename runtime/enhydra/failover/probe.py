@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from enhydra.failover.beacon import beacon_origin
 from enhydra.failover.detector import (
     Decision,
     DetectorConfig,
@@ -58,6 +59,7 @@ class Peer:
     lag_ms: float = 0.0
     task: asyncio.Task[None] | None = None
     removing: asyncio.Task[None] | None = None
+    retry_at: float = 0.0  # after a failed removal, not before this
 
 
 class FailureDetector:
@@ -120,6 +122,12 @@ class FailureDetector:
         if instance in self.peers:
             self._observe(self.peers[instance], Signal.BEACON, now)
 
+    async def on_control_message(self, message: Mapping[str, Any]) -> None:
+        """Feed every control-topic message here; beacons are kept, the rest ignored."""
+        origin = beacon_origin(message)
+        if origin is not None:
+            self.on_beacon(origin)
+
     def status(self) -> dict[str, dict[str, Any]]:
         """Each peer's verdict and why, for /v1/stats and logs."""
         return {
@@ -148,7 +156,7 @@ class FailureDetector:
                 reason=decision.reason,
             )
         peer.decision = decision
-        if decision.remove and peer.removing is None:
+        if decision.remove and peer.removing is None and self._clock() >= peer.retry_at:
             peer.removing = asyncio.create_task(self._remove(peer, decision))
 
     async def _remove(self, peer: Peer, decision: Decision) -> None:
@@ -158,7 +166,10 @@ class FailureDetector:
                 now = self._clock()
                 self._observe(peer, Signal.REMOVED, now)
                 self.removed.append((peer.instance, now))
-        except Exception as exc:  # tried again on the next tick
+            else:
+                peer.retry_at = self._clock() + 1.0
+        except Exception as exc:  # tried again a second later
+            peer.retry_at = self._clock() + 1.0
             log.warning("could not remove dead peer", peer=peer.instance, error=repr(exc))
         finally:
             peer.removing = None
