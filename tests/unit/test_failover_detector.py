@@ -185,8 +185,9 @@ def test_a_peer_never_seen_alive_and_without_a_beacon_is_never_removed(probes):
 def test_our_own_late_loop_restarts_the_silence_count(resumed, now_after):
     history = [(0.0, Signal.HEARTBEAT), (0.0, Signal.BEACON)]
     state = fold([*history, (resumed, Signal.OBSERVER_RESUMED)])
-    verdict = decide(state, resumed + now_after, CFG).verdict
-    assert (verdict is Verdict.DEAD) == (now_after >= CFG.probe_window_s)
+    now = resumed + now_after
+    verdict = decide(state, now, CFG).verdict
+    assert (verdict is Verdict.DEAD) == (now - resumed >= CFG.probe_window_s)
 
 
 @settings(max_examples=200)
