@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from enhydra.control.channel import ControlChannel
 from enhydra.failover import FailureDetector, Verdict, group_remover
+from enhydra.kafka.clients import as_connection
 from tests.failover.support import PeerProcess, make_group_topics
 
 PARTITIONS = 4
@@ -103,7 +104,9 @@ async def kill_run(bootstrap: str, v: Variant) -> float:
         if v.detector:
             peers = {"s1": survivor.url, "v1": victim.url}
             detector = FailureDetector("bench", lambda: peers, group_remover(bootstrap, group))
-            control = ControlChannel(bootstrap, group, "bench", detector.on_control_message)
+            control = ControlChannel(
+                as_connection(bootstrap), group, "bench", detector.on_control_message
+            )
             await control.start()
             await detector.start()
             await until(

@@ -20,10 +20,11 @@ import time
 
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import ConsumerRebalanceListener
 
 from enhydra.control.channel import ControlChannel
 from enhydra.failover import Beacon, add_liveness_routes
+from enhydra.kafka.clients import Consumer, as_connection, new_consumer, start
 
 
 def emit(event: str, **fields: object) -> None:
@@ -33,7 +34,7 @@ def emit(event: str, **fields: object) -> None:
 
 class Reporter(ConsumerRebalanceListener):
     def __init__(self) -> None:
-        self.consumer: AIOKafkaConsumer | None = None
+        self.consumer: Consumer | None = None
 
     def member(self) -> str | None:
         coordinator = getattr(self.consumer, "_coordinator", None)
@@ -74,8 +75,8 @@ async def main(args: argparse.Namespace) -> None:
     consumer = None
     control = beacon = None
     if args.group:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=args.bootstrap,
+        consumer = new_consumer(
+            args.bootstrap,
             group_id=args.group,
             group_instance_id=None if args.dynamic else args.instance,
             client_id=args.instance,
@@ -85,13 +86,13 @@ async def main(args: argparse.Namespace) -> None:
         )
         reporter.consumer = consumer
         consumer.subscribe([args.topic], listener=reporter)
-        await consumer.start()
+        await start(consumer, args.bootstrap)
     if args.beacon:
 
         async def ignore(_message: dict) -> None:
             return None
 
-        control = ControlChannel(args.bootstrap, args.group, args.instance, ignore)
+        control = ControlChannel(as_connection(args.bootstrap), args.group, args.instance, ignore)
         await control.start()
         beacon = Beacon(control.send, member_id=reporter.member)
         beacon.start()

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from enhydra.control.channel import control_topic_spec
-from enhydra.topics import TopicSpec, ensure_topics
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,6 +19,7 @@ import pytest
 
 from enhydra.control.channel import ControlChannel
 from enhydra.failover import DetectorConfig, FailureDetector, Verdict, group_remover
+from enhydra.kafka.clients import as_connection
 from tests.failover.support import PeerProcess, make_group_topics, stalled_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -68,7 +69,9 @@ async def cluster(kafka_bootstrap) -> AsyncIterator[Cluster]:
     verdicts: list[tuple[float, str, Verdict]] = []
     detector = FailureDetector("observer", lambda: peers, group_remover(kafka_bootstrap, group))
 
-    control = ControlChannel(kafka_bootstrap, group, "observer", detector.on_control_message)
+    control = ControlChannel(
+        as_connection(kafka_bootstrap), group, "observer", detector.on_control_message
+    )
     await control.start()
     await detector.start()
 

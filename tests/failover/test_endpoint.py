@@ -65,6 +65,6 @@ async def test_a_clean_shutdown_is_not_taken_for_a_death():
             verdicts.add(detector.peers["a"].decision.verdict)
             await asyncio.sleep(0.02)
         assert Verdict.DEAD not in verdicts and calls == []
-        assert "stopped cleanly" in detector.peers["a"].decision.reason
+        assert "stopped cleanly" in detector.peers["a"].decision.reason, detector.peers["a"].state
     finally:
         await detector.stop()

@@ -273,7 +273,7 @@ def rules(history: History, start: float, now: float, cfg: DetectorConfig) -> tu
             return Verdict.DEAD, not removed
     if refused or http_quiet >= cfg.suspect_after_s:
         return Verdict.SUSPECT, False
-    if any(s in (Signal.RESET, Signal.CONNECT_TIMEOUT) for _, s in since):
+    if hb_idx is None or any(s in (Signal.RESET, Signal.CONNECT_TIMEOUT) for _, s in since):
         return Verdict.SUSPECT, False
     return Verdict.ALIVE, False
 
@@ -291,3 +291,9 @@ def test_every_decision_follows_the_rules_over_any_history(steps, now_after):
     now = t + now_after
     decision = decide(fold(history), now, CFG)
     assert (decision.verdict, decision.remove) == rules(history, 0.0, now, CFG)
+
+
+def test_a_peer_not_heard_from_yet_is_only_suspect_however_fresh():
+    assert decide(new_peer(10.0), 10.0, CFG).verdict is Verdict.SUSPECT
+    state = observe(new_peer(10.0), Signal.HEARTBEAT, 10.2, CFG)
+    assert decide(state, 10.2, CFG).verdict is Verdict.ALIVE

@@ -34,7 +34,8 @@ The rules, in order:
    SUSPECT; they feed rule 4 through the silence they measure, never rule 2.
 6. When our own event loop was late (a GC pause or a busy loop here), the silence we measured
    proves nothing about the peer: silence is counted again from when we resumed.
-7. A slow heartbeat (the peer's loop runs late) is a heartbeat: ALIVE, with the lag noted.
+7. Only a heartbeat makes a peer ALIVE (a peer not heard from yet is SUSPECT); a slow one (the
+   peer's loop runs late) is a heartbeat too: ALIVE, with the lag noted.
 8. A DEAD peer is removed once; it is removed again only after new evidence of life (it came
    back, then died again).
 """
@@ -161,6 +162,8 @@ def decide(state: PeerState, now: float, config: DetectorConfig) -> Decision:
         if state.refusals_untrusted:
             return Decision(Verdict.SUSPECT, "its port refuses but it is alive on Kafka")
         return Decision(Verdict.SUSPECT, "not listening yet (never seen alive)")
+    if not seen:
+        return Decision(Verdict.SUSPECT, "no heartbeat yet")
     if http_quiet >= config.suspect_after_s or state.broken_at is not None:
         where = "alive on Kafka" if kafka_fresh else "no beacon either"
         return Decision(Verdict.SUSPECT, f"no heartbeat for {http_quiet:.1f} s ({where})")

@@ -23,11 +23,13 @@ new one alone. With no member id (""), whoever holds the instance id now is remo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TypeAlias
 
 from aiokafka import errors as Errors
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import (
@@ -41,7 +43,9 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
+from enhydra.kafka.clients import Admin, open_admin
 from enhydra.logs import get_logger
+from enhydra.settings import Connection
 
 log = get_logger("enhydra.kafka.membership")
 
@@ -207,8 +211,30 @@ def error_for(code: int) -> Errors.KafkaError | None:
 # --------------------------------------------------------------------------- the call
 
 
+Target: TypeAlias = "AIOKafkaClient | Admin | Connection | str"
+
+
+@contextlib.asynccontextmanager
+async def cluster_client(
+    target: Target, *, timeout_s: float = 10.0
+) -> AsyncIterator[AIOKafkaClient]:
+    """aiokafka's low-level client for `target`: a client or admin as given (not closed here),
+    else a new one built by the access layer from a Connection or bootstrap string (TLS, SASL).
+    """
+    if isinstance(target, AIOKafkaClient):
+        yield target
+    elif isinstance(target, AIOKafkaAdminClient):
+        yield target._client
+    else:
+        request_timeout_ms = max(1000, int(timeout_s * 1000))
+        async with open_admin(
+            target, client_id="enhydra-membership", request_timeout_ms=request_timeout_ms
+        ) as admin:
+            yield admin._client
+
+
 async def remove_static_members(
-    client_or_bootstrap: AIOKafkaClient | str,
+    target: Target,
     group_id: str,
     instance_ids: Iterable[str] | Mapping[str, str | None],
     *,
@@ -217,12 +243,13 @@ async def remove_static_members(
 ) -> dict[str, Errors.KafkaError | None]:
     """Remove static members from `group_id` now; the group rebalances without them.
 
+    `target` is a started client or admin client, a Connection, or a bootstrap string.
     `instance_ids` names the `group.instance.id`s to remove, or maps each to the member id of
     the incarnation to remove (then a newer incarnation is left alone and reported as
     FencedInstanceIdError). Returns, per instance id, None when it was removed, else the error:
     UnknownMemberIdError when it is not (or no longer) in the group. Coordinator moves and
     loading are retried until `timeout_s`; then, or on any other group-level error, raises
-    MembershipError.
+    MembershipError (KafkaAccessError when the cluster cannot be reached at all).
     """
     if isinstance(instance_ids, str):
         raise ValueError(
@@ -243,23 +270,8 @@ async def remove_static_members(
         raise ValueError("group id is empty: pass the consumer group (the application id)")
     if not wanted:
         return {}
-    if isinstance(client_or_bootstrap, str):
-        client = AIOKafkaClient(
-            bootstrap_servers=client_or_bootstrap,
-            client_id="enhydra-membership",
-            request_timeout_ms=max(1000, int(timeout_s * 1000)),
-        )
-        try:
-            await asyncio.wait_for(client.bootstrap(), timeout_s)
-            return await _remove(client, group_id, wanted, reason, timeout_s)
-        except (TimeoutError, Errors.KafkaConnectionError) as exc:
-            raise MembershipError(
-                f"cannot reach Kafka at {client_or_bootstrap} to remove {sorted(wanted)} from "
-                f"group {group_id!r}: {exc or type(exc).__name__}; check the bootstrap servers"
-            ) from exc
-        finally:
-            await client.close()
-    return await _remove(client_or_bootstrap, group_id, wanted, reason, timeout_s)
+    async with cluster_client(target, timeout_s=timeout_s) as client:
+        return await _remove(client, group_id, wanted, reason, timeout_s)
 
 
 async def _remove(
