@@ -26,8 +26,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("spec", "topology"),
     # the Kafka access layer: the only place aiokafka clients are built
     ("kafka",),
-    # the task runner and what it drives; the assignor's glue to aiokafka's group protocol
-    ("runner", "control", "assignment.protocol"),
+    # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
+    # failure detection (probes peers, removes dead members through kafka.membership)
+    ("runner", "control", "assignment.protocol", "failover"),
     ("processing", "projections", "snapshots", "spark", "admin"),
     # the runtime container, and the shells around everything
     ("runtime", "service", "query"),
