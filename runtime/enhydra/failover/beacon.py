@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from enhydra.logs import get_logger
 log = get_logger("enhydra.failover")
 
 BEACON = "liveness"
+REPORT_EVERY_S = 60.0
 DEFAULT_BEACON_INTERVAL_S = 1.0
 
 
@@ -59,14 +61,24 @@ class Beacon:
             self._task = None
 
     async def _run(self) -> None:
+        failed, last_report = 0, -REPORT_EVERY_S
         while True:
             try:
                 await asyncio.wait_for(
                     self._send(BEACON, seq=self.sent, member=self._member_id()), self.interval_s
                 )
                 self.sent += 1
+                failed = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Kafka unreachable: peers see our beacon stop, as they should
-                log.warning("liveness beacon not sent", error=f"{type(exc).__name__}: {exc}")
+                failed += 1
+                now = time.monotonic()
+                if now - last_report >= REPORT_EVERY_S:  # a broker outage: not a line a second
+                    last_report = now
+                    log.warning(
+                        "liveness beacon not sent",
+                        error=f"{type(exc).__name__}: {exc}",
+                        failed_in_a_row=failed,
+                    )
             await asyncio.sleep(self.interval_s)

@@ -70,13 +70,27 @@ class OutputTooLargeForBatch(ValueError):
     """A single record does not fit an empty producer batch (max_batch_size)."""
 
 
+class StaleBatch(RuntimeError):
+    """This process stalled long enough to have lost its tasks: the batch must not be written."""
+
+
+Guard = Callable[[], None]  # raises StaleBatch when the batch may no longer be this process's
+
+
+def _no_guard() -> None:
+    """Exactly-once needs none: the next owner's transactions fence this producer."""
+
+
 class Checkpoint(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def open_task(self, partition: int) -> None: ...
     async def close_task(self, partition: int) -> None: ...
     async def write(
-        self, batch: list[PartitionWrite], stores: Mapping[int, PartitionStore]
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
     ) -> list[Written]: ...
     async def commit(self, force: bool = False) -> None: ...
 
@@ -184,8 +198,16 @@ class AtLeastOnce:
         """Nothing per task: one producer serves them all."""
 
     async def write(
-        self, batch: list[PartitionWrite], stores: Mapping[int, PartitionStore]
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
     ) -> list[Written]:
+        """Publish, then persist. `guard` is asked before each publish: a process that stalled
+        (and may have been removed from the group meanwhile) writes nothing more, so a zombie
+        never puts an old state into the changelog after the next owner's.
+        """
+        guard()
         outputs = {
             (topic, write.partition): records
             for write in batch
@@ -195,6 +217,7 @@ class AtLeastOnce:
         acks = [future for _, future in await send_in_batches(self._producer, outputs)]
         if acks:
             await asyncio.gather(*acks)
+        guard()
         changelog = {
             (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
             for w in batch
@@ -275,7 +298,10 @@ class ExactlyOnce:
             await close(producer)
 
     async def write(
-        self, batch: list[PartitionWrite], stores: Mapping[int, PartitionStore]
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
     ) -> list[Written]:
         offsets = await asyncio.gather(*(self._transaction(w) for w in batch))
         return persist(list(zip(batch, offsets, strict=True)), stores)

@@ -33,11 +33,19 @@ from enhydra.assignment import AssignmentConfig
 from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport, TaskAssignor
 from enhydra.kafka.clients import Consumer, close, new_consumer, start
 from enhydra.kafka.errors import transient
-from enhydra.kafka.groups import request_rejoin
+from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.runner.changelog_reader import ChangelogReader
-from enhydra.runner.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce, Out, PartitionWrite, Put
+from enhydra.runner.checkpoint import (
+    AtLeastOnce,
+    Checkpoint,
+    ExactlyOnce,
+    Out,
+    PartitionWrite,
+    Put,
+    StaleBatch,
+)
 from enhydra.runner.cuts import Cuts
 from enhydra.runner.rebalance import ForwardingListener
 from enhydra.runner.retries import RetryTracker
@@ -47,6 +55,11 @@ from enhydra.stores.partition import PartitionStore
 from enhydra.stores.partition import configure_memory as configure_store_memory
 
 log = get_logger("enhydra.engine")
+STALL_TICK_S = 0.1
+
+
+class FencedInstance(RuntimeError):
+    """Another process joined the group with this instance's id: two instances share one."""
 
 
 @dataclass(slots=True)
@@ -126,6 +139,12 @@ class TaskRunner:
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._consumer: Consumer | None = None
+        # On stop, leave the group at once (a scale-down) rather than be expected back.
+        self.leave_on_stop = settings.leave_group_on_shutdown
+        # A stall this long (a SIGSTOP, a frozen VM) may have got this instance removed from
+        # the group by its peers (failover/): the batch in hand is dropped, not written.
+        self._stall_limit_s = settings.failure_probe_window_ms / 2000
+        self._stalled = False
         # Kafka clients need the running loop: they are created in start().
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
@@ -160,6 +179,9 @@ class TaskRunner:
                     self.input_topic, self.assignment_config, self._report, self._on_assignment
                 ),
             )
+        if s.static_membership:
+            # KIP-345: a restart under the same id gets its tasks back without a rebalance.
+            options["group_instance_id"] = s.instance_id
         self._consumer = new_consumer(
             s.connection,
             group_id=self.group_id,
@@ -177,6 +199,7 @@ class TaskRunner:
         await start(self._consumer, s.connection, doing=f"join the group {self.group_id}")
         self._background = [
             asyncio.create_task(self._run(), name=f"enhydra-{self.name}"),
+            asyncio.create_task(self._watch_stalls(), name=f"enhydra-{self.name}-stalls"),
             *(asyncio.create_task(loop) for loop in self.background()),
         ]
         self.log.info(
@@ -235,6 +258,8 @@ class TaskRunner:
             if self._checkpoint is not None:
                 async with self._lock:
                     await self._checkpoint.commit(force=True)
+            if self.leave_on_stop and self.settings.static_membership:
+                await self._leave()
             await close(self._consumer)
         if self._checkpoint is not None:
             await self._checkpoint.stop()
@@ -243,6 +268,20 @@ class TaskRunner:
         self.tasks.clear()
         if self._consumer is not None:
             self.log.info(f"{self.label} stopped", **self.stats)
+
+    async def _leave(self) -> None:
+        """Leave the group now, so the others take the tasks over without waiting."""
+        assert self._consumer is not None
+        try:
+            await leave_group(self._consumer, self.group_id, self.settings.instance_id)
+            self.log.info("left the group", group=self.group_id)
+        except Exception as exc:  # the session timeout removes this member anyway
+            self.log.warning("could not leave the group", group=self.group_id, error=repr(exc))
+
+    @property
+    def member_id(self) -> str | None:
+        """The member id the group gave this runner's consumer (None before it joined)."""
+        return member_id(self._consumer)
 
     def _scan_local_stores(self) -> None:
         """Checkpoints of store copies left on disk by earlier runs: reported as lags."""
@@ -460,6 +499,10 @@ class TaskRunner:
                 if batch:
                     async with self._lock:
                         await self._process(batch)
+                if self._stalled:
+                    # Let the group's next heartbeat say whether the tasks are still ours.
+                    await asyncio.sleep(2 * self.settings.heartbeat_interval_ms / 1000)
+                    self._stalled = False
                 if self.cuts.pending:
                     async with self._lock:
                         serving = {p for p, t in self.tasks.items() if t.serving}
@@ -469,13 +512,22 @@ class TaskRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self.settings.static_membership and fenced(exc):
+                exc = FencedInstance(
+                    f"another process joined the group {self.group_id} as instance "
+                    f"{self.settings.instance_id!r}: every instance needs its own "
+                    "ENHYDRA_INSTANCE_ID"
+                )
             self._fail(exc)
-            raise
+            raise exc from None
 
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
         consumer = self._consumer
         checkpoint = self._checkpoint
         assert consumer is not None and checkpoint is not None
+        if self._stalled:
+            await self._drop_stale(batch)
+            return
         step = self.step
         work: list[tuple[Task, StepOutput, int]] = []
         for tp, records in batch.items():
@@ -497,7 +549,13 @@ class TaskRunner:
             return
         writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
         stores = {task.partition: task.store for task, _, _ in work}
-        await self._retrying("publish", checkpoint.write, writes, stores)
+        try:
+            await self._retrying("publish", checkpoint.write, writes, stores, self._guard)
+        except StaleBatch:
+            await self._drop_stale(
+                {tp: records for tp, records in batch.items() if tp.partition in stores}
+            )
+            return
         stats = self.stats
         for task, out, first in work:
             if out.persisted is not None:
@@ -511,6 +569,29 @@ class TaskRunner:
             for key in out.failed:
                 self.failures[key] = self.failures.get(key, 0) + 1
         stats["batches"] += 1
+
+    async def _watch_stalls(self) -> None:
+        """Notice when this process did not run for a while (it cannot notice while frozen)."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - last > self._stall_limit_s:
+                self._stalled = True
+                self.log.warning("this process stalled", seconds=round(now - last, 2))
+            last = now
+
+    def _guard(self) -> None:
+        if self._stalled:
+            raise StaleBatch("the process stalled while the batch was in hand")
+
+    async def _drop_stale(self, batch: Mapping[TopicPartition, list]) -> None:
+        """Read the batch again later, and give the group a heartbeat to say who owns what."""
+        assert self._consumer is not None
+        for tp, records in batch.items():
+            if records and tp in self._consumer.assignment():
+                self._consumer.seek(tp, records[0].offset)
+        self.log.warning("batch dropped after a stall; reading it again", partitions=len(batch))
 
     def _retry_later(self, tp: TopicPartition, offset: int, error: BaseException) -> None:
         """A transient error: rewind to the record and pause the partition for a backoff."""
