@@ -16,6 +16,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,15 @@ from aiokafka.structs import OffsetAndMetadata
 
 from enhydra.aggregate import BoundAggregate
 from enhydra.control.channel import control_topic_name
-from enhydra.processing.core import decode_entry, encode_entry
+from enhydra.processing.output import send_in_batches
 from enhydra.snapshots.format import (
     Cut,
     Manifest,
     Snapshot,
     SnapshotError,
     SnapshotWriter,
+    read_ahead,
+    reset_input_offsets,
     topology_fingerprint,
 )
 from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
@@ -164,25 +167,27 @@ async def _load_changelog(
     await producer.start()
     rows = 0
     try:
-        futures = []
+        # Whole record batches per call (send_in_batches), a batch of the file at a time; the
+        # acknowledgements of one are awaited while the next is sent, so memory stays bounded.
+        waiting: list[asyncio.Future] = []
         for partition in sorted(snapshot.partitions):
-            for key, value in snapshot.iter_partition(partition):
+            batches = snapshot.iter_batches(partition, ["key", "value"])
+            for batch in read_ahead(batches):
+                values = batch.column(1)
                 if reset_offsets:
                     # The clone reads another commands topic: the source's input offsets
                     # mean nothing there and would make it skip its first commands.
-                    entry = decode_entry(value)
-                    entry.offset = -1
-                    value = encode_entry(entry)
-                futures.append(await producer.send(changelog, value, key=key, partition=partition))
-                rows += 1
-                if len(futures) >= 5000:
-                    await asyncio.gather(*futures)
-                    futures = []
+                    values = reset_input_offsets(values)
+                records = list(zip(batch.column(0).to_pylist(), values.to_pylist(), repeat(None)))
+                sent = await send_in_batches(producer, {(changelog, partition): records})
+                rows += len(records)
+                for _, count in await asyncio.gather(*waiting):
                     if progress is not None:
-                        progress(5000)
-        await asyncio.gather(*futures)
-        if progress is not None and futures:
-            progress(len(futures))
+                        progress(count)
+                waiting = [future for _, future in sent]
+        for _, count in await asyncio.gather(*waiting):
+            if progress is not None:
+                progress(count)
     finally:
         await producer.stop()
     return rows
