@@ -36,9 +36,9 @@ OTHERS = {
         ["--keys", "100000", "--repeat", "3"],
         ["--keys", "10000", "--repeat", "3"],
     ),
-    "snapshot_export.py": (  # below ~300k keys, opening RocksDB and the topic outweigh the rows
+    "snapshot_export.py": (  # below ~500k keys, opening RocksDB and topics weigh on the ratios
         ["--keys", "1000000", "--repeat", "3"],
-        ["--keys", "300000", "--repeat", "3"],
+        ["--keys", "500000", "--repeat", "3"],
     ),
     "spark_fold.py": (
         ["--events", "500000", "--accounts", "50000", "--cores", "1,2", "--repeat", "3"],
