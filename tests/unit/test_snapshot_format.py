@@ -445,3 +445,19 @@ def test_an_empty_partition_loads_its_checkpoint(tmp_path: Path) -> None:
         assert store.input_offset == 4 and list(store.items()) == []
     finally:
         store.close()
+
+
+def test_a_failing_write_stops_cleanly_wherever_it_fails(tmp_path: Path, monkeypatch) -> None:
+    value = encode_entry(Entry({"n": 1}, 1, ["c"]))
+    rows = [(f"k{i:07d}".encode(), value) for i in range(70_000)]
+
+    def full_disk(self, data):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("enhydra.snapshots.format._HashedFile.write", full_disk)
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    with pytest.raises(OSError, match="No space left"):
+        writer.write_partition(0, iter(rows))
+    with pytest.raises(OSError, match="No space left"):  # only the footer is left to write
+        writer.write_partition(0, iter(rows[:10]))
+    assert not list((tmp_path / "s").rglob("*.tmp"))

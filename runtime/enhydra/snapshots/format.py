@@ -610,14 +610,19 @@ def _write_in_threads(out: _HashedFile, chunks: Iterator[Chunk], partition: int)
     handoff: queue.Queue[Any] = queue.Queue(maxsize=3)  # futures of batches, in order
     outcome: dict[str, Any] = {}
 
+    def batches() -> Iterator[pa.RecordBatch]:
+        for future in iter(handoff.get, _END):
+            yield future.result()
+        outcome["ended"] = True
+
     def write() -> None:
         try:
-            batches = (future.result() for future in iter(handoff.get, _END))
-            outcome["rows"] = _write_parquet(out, batches, partition)
+            outcome["rows"] = _write_parquet(out, batches(), partition)
         except BaseException as exc:
             outcome["error"] = exc
-            while (future := handoff.get()) is not _END:  # let the reader stop without blocking
-                future.cancel()
+            if "ended" not in outcome:  # let the reader put its last chunks and the end
+                while (future := handoff.get()) is not _END:
+                    future.cancel()
 
     with (
         _prompt_gil_handoff(),
