@@ -346,7 +346,10 @@ def enhydra(app: str, bootstrap: str, topic: str, run_dir: Path) -> Launch:
 
 
 def faust(app: str, bootstrap: str, topic: str, run_dir: Path) -> Launch:
+    # faust's worker command starts its web server (port 6066) whatever the app's
+    # web_enabled says; --without-web keeps it off, so no port is shared with other services.
     argv = [sys.executable, "-m", "bench.throughput.faust_app", "worker", "-l", "warn"]
+    argv.append("--without-web")
     env = {
         "BENCH_APP": app,
         "BENCH_BOOTSTRAP": bootstrap,
