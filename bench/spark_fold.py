@@ -13,6 +13,8 @@ on orjson-decoded events and keep the same bookkeeping (last command offset, com
 - Spark: `fold_events` (repartition by key, sortWithinPartitions, mapInArrow) forced to run
   completely with the `noop` sink, once per `--cores` value (local[N]), so the output shows how
   the rate grows with executor cores on this machine.
+
+Each is run --repeat times (at least 3), interleaved, and the medians are compared.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,8 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "ledger"))
+sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "ledger")]
 
+from bench.common import machine, progress  # noqa: E402
 from enhydra.spark.source import ARROW_SCHEMA  # noqa: E402
 from ledger.domain import apply  # noqa: E402
 
@@ -151,40 +155,62 @@ def main() -> None:
     parser.add_argument("--accounts", type=int, default=200_000)
     parser.add_argument("--cores", default="1,2", help="local[N] runs, e.g. 1,2")
     parser.add_argument("--tasks", type=int, default=8, help="fold tasks (shuffle partitions)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each (at least 3)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dir", type=Path, help="keep the dataset here (default: a temp dir)")
     args = parser.parse_args()
+    if args.repeat < 3:
+        parser.error("--repeat must be at least 3: every ratio is a median of 3 or more runs")
     os.environ.setdefault("ENHYDRA_LOG_FORMAT", "console")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="enhydra-bench-")) / "events"
+    cores = [int(c) for c in args.cores.split(",")]
     try:
         started = time.perf_counter()
         if not directory.exists():
             generate(directory, args.events, args.accounts, args.seed, files=16)
         size_mb = sum(p.stat().st_size for p in directory.glob("*.parquet")) / 1e6
+        print(f"machine: {machine()}")
         print(
             f"dataset: {args.events:,} ledger events, {args.accounts:,} accounts, "
             f"{size_mb:.0f} MB Parquet ({time.perf_counter() - started:.1f}s to generate)"
         )
-        read_s, fold_s, keys = python_replay(directory)
-        python_rate = args.events / fold_s
+        # Interleaved (python, local[1], local[2], then rotated) so load drift hits all.
+        read_s: list[float] = []
+        fold_s: list[float] = []
+        spark_s: dict[int, list[float]] = {c: [] for c in cores}
+        keys = 0
+        for run in range(args.repeat):
+            order: list[int | None] = [None, *cores]
+            order = order[run % len(order) :] + order[: run % len(order)]
+            for item in order:
+                if item is None:
+                    read, fold, keys = python_replay(directory)
+                    read_s.append(read)
+                    fold_s.append(fold)
+                    progress(f"run {run + 1} python: {fold:.1f}s fold + {read:.1f}s read")
+                else:
+                    spark_s[item].append(spark_fold(directory, item, args.tasks))
+                    progress(f"run {run + 1} local[{item}]: {spark_s[item][-1]:.1f}s")
+        median = statistics.median
+        python_rate = args.events / median(fold_s)
+        with_read = args.events / median(r + f for r, f in zip(read_s, fold_s, strict=True))
         print(
-            f"python replay (1 process): {python_rate:,.0f} events/s fold "
-            f"({fold_s:.1f}s, +{read_s:.1f}s reading into lists), {keys:,} keys; "
-            f"{args.events / (fold_s + read_s):,.0f} events/s including the read"
+            f"python replay (1 process, median of {args.repeat}): {python_rate:,.0f} events/s "
+            f"fold ({median(fold_s):.1f}s, +{median(read_s):.1f}s reading into lists), "
+            f"{keys:,} keys; {with_read:,.0f} events/s including the read"
         )
         rates = {}
-        for cores in [int(c) for c in args.cores.split(",")]:
-            seconds = spark_fold(directory, cores, args.tasks)
-            rates[cores] = args.events / seconds
+        for c in cores:
+            seconds = median(spark_s[c])
+            rates[c] = args.events / seconds
             print(
-                f"spark fold local[{cores}]: {rates[cores]:,.0f} events/s ({seconds:.1f}s: "
-                f"read + shuffle + sort + mapInArrow fold, {args.tasks} tasks)"
+                f"spark fold local[{c}] (median of {args.repeat}): {rates[c]:,.0f} events/s "
+                f"({seconds:.1f}s: read + shuffle + sort + mapInArrow fold, {args.tasks} tasks)"
             )
         best = max(rates, key=lambda c: rates[c])
         print(
             f"ratio spark local[{best}] / python replay: {rates[best] / python_rate:.2f}x "
-            f"(vs python including its read: "
-            f"{rates[best] / (args.events / (fold_s + read_s)):.2f}x)"
+            f"(vs python including its read: {rates[best] / with_read:.2f}x)"
         )
         if len(rates) > 1:
             low, high = min(rates), max(rates)

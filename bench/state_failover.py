@@ -1,7 +1,7 @@
 """Failover time after kill -9: a caught-up standby vs a restore from the changelog, one run.
 
     .venv/bin/python bench/state_failover.py                      # 100k and 1M keys, 3 kills each
-    .venv/bin/python bench/state_failover.py --keys 100000 --standbys 1,0 --repeat 1
+    .venv/bin/python bench/state_failover.py --keys 100000 --standbys 1,0 --repeat 3
 
 For each size, standby setting and repeat, on a fresh app id: two ledger instances (real
 processes, 4 partitions, the short test timeouts of `service_env`: session 6 s, heartbeat 1 s)
@@ -338,6 +338,8 @@ def main() -> None:
     parser.add_argument("--probe-timeout", type=float, default=180, help="seconds to wait for T1")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
     args = parser.parse_args()
+    if args.repeat < 3:
+        parser.error("--repeat must be at least 3: every ratio is a median of 3 or more runs")
     sizes = [int(k) for k in args.keys.split(",")]
     settings = [int(s) for s in args.standbys.split(",")]
 

@@ -1,15 +1,19 @@
 """Throughput of the Enhydra ledger against the ceiling, faust-streaming and Quix Streams.
 
     .venv/bin/python -m bench.throughput                 # 300k commands, 10k keys, 3 repeats
-    .venv/bin/python -m bench.throughput --quick         # 60k commands, 1 repeat, no sweep
+    .venv/bin/python -m bench.throughput --quick         # 40k commands, 3 repeats, no sweep
     .venv/bin/python -m bench.throughput --systems enhydra,quix --repeat 3 --json out.json
 
 One fresh broker; the commands are preloaded once into `bench-commands` (4 partitions) and
 every system reads that same topic with its own consumer group, one system at a time, in an
 order rotated between repeats so drift in machine load does not favour one of them. Medians
-of the repeats are reported. Then: a py-spy profile of one more Enhydra run, Enhydra's latency
-at half its measured maximum rate (and the raw rocksdict loop's at the same rate, as the
-reference for what this machine allows), and records/s as the number of keys grows.
+of the repeats (at least 3) are reported. Then: a py-spy profile of one more Enhydra run,
+Enhydra's latency at half its measured maximum rate (and the raw rocksdict loop's at the same
+rate, as the reference for what this machine allows; the two alternate, medians of --repeat
+runs), and records/s as the number of keys grows (one run per point).
+
+Every system asked for must run: a competitor that is not installed stops the benchmark before
+it starts, and a system without --repeat successful runs makes it exit with an error.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ QUIX_VENV = Path("/tmp/quixvenv/bin/python")
 
 
 def quix_python() -> str | None:
-    """An interpreter with quixstreams: this one, $BENCH_QUIX_PYTHON, or /tmp/quixvenv."""
+    """An interpreter with quixstreams: this one (the `bench` extra), $BENCH_QUIX_PYTHON, or
+    /tmp/quixvenv."""
     if importlib.util.find_spec("quixstreams") is not None:
         return sys.executable
     candidate = os.environ.get("BENCH_QUIX_PYTHON") or (
@@ -239,8 +244,10 @@ def print_report(data: dict) -> None:
         lat = data.get(key)
         if not lat:
             continue
+        runs = ", ".join(f"{v:.0f}" for v in lat.get("p99_runs_ms", [lat["p99_ms"]]))
         print(
-            f"{who} latency at {lat['achieved_rate']:,.0f} commands/s: "
+            f"{who} latency at {lat['achieved_rate']:,.0f} commands/s (the median of "
+            f"{lat.get('runs', 1)} runs by p99; p99s {runs} ms): "
             f"p50 {lat['p50_ms']:.0f} ms, "
             f"p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; after the first "
             f"{lat['warmup_s']:.0f} s: p50 {lat['steady_p50_ms']:.0f} ms, "
@@ -273,12 +280,20 @@ async def run(args: argparse.Namespace) -> dict:
     """Every measurement of this benchmark; returns the data the report is written from."""
     configure_logging(level="warning")  # topic creation etc. would drown the results
     systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown system(s) {', '.join(unknown)}; choose from {SYSTEMS}")
     if "quix" in systems and quix_python() is None:
-        progress(
-            "quixstreams is not installed: skipping Quix Streams "
-            "(pip install quixstreams, or set BENCH_QUIX_PYTHON to a venv's python)"
+        raise SystemExit(
+            "quixstreams is not installed, so Quix Streams cannot run: "
+            "pip install -e '.[bench]' (make bench does), set BENCH_QUIX_PYTHON to a python "
+            "that has it, or leave it out with --systems"
         )
-        systems.remove("quix")
+    if args.profile and "enhydra" in systems and profile.py_spy() is None:
+        raise SystemExit(
+            "py-spy is not installed, so the profile cannot be taken: "
+            "pip install -e '.[bench]' (make bench does), or pass --no-profile"
+        )
     data: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": machine(),
@@ -314,29 +329,62 @@ async def run(args: argparse.Namespace) -> dict:
         enh_rate = data["summary"].get("enhydra", {}).get("rate")
         data["latency"] = data["latency_reference"] = None
         if args.latency_seconds > 0 and enh_rate:
-            for system, key in (("enhydra", "latency"), ("raw-rocksdb", "latency_reference")):
-                if system not in systems:
-                    continue
-                lat = await latency.measure_latency(
-                    bootstrap,
-                    root,
-                    system=system,
-                    rate=enh_rate * args.latency_load,
-                    seconds=args.latency_seconds,
-                    keys=args.keys,
-                    warmup_s=2.0 if args.quick else 5.0,
-                )
-                data[key] = {**lat.as_dict(), "load_percent": round(100 * args.latency_load)}
+            data.update(await latency_runs(bootstrap, root, args, systems, enh_rate))
         data["sweep"] = await sweep(bootstrap, root, args, systems, data["summary"])
         data["load_after"] = load_average()
     data["ratios"] = ratios(data["summary"], data["latency"], data["latency_reference"])
     return data
 
 
-async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> dict | None:
-    if profile.py_spy() is None:
-        progress("py-spy not found: no profile (pip install py-spy)")
-        return None
+async def latency_runs(
+    bootstrap: str, root: Path, args: argparse.Namespace, systems: list[str], enh_rate: float
+) -> dict:
+    """Enhydra's and the reference's latency, alternating, --repeat runs each.
+
+    Each system's row is its run with the median p99 (so every figure of a row comes from one
+    real run); all p99s are kept next to it.
+    """
+    chosen = [s for s in ("enhydra", "raw-rocksdb") if s in systems]
+    runs: dict[str, list[dict]] = {s: [] for s in chosen}
+    for run in range(args.repeat):
+        for system in chosen if run % 2 == 0 else chosen[::-1]:
+            lat = await latency.measure_latency(
+                bootstrap,
+                root,
+                system=system,
+                rate=enh_rate * args.latency_load,
+                seconds=args.latency_seconds,
+                keys=args.keys,
+                warmup_s=2.0 if args.quick else 5.0,
+                run=run,
+            )
+            runs[system].append(lat.as_dict())
+    out = {}
+    for system, key in (("enhydra", "latency"), ("raw-rocksdb", "latency_reference")):
+        if not runs.get(system):
+            continue
+        ordered = sorted(runs[system], key=lambda r: r["p99_ms"])
+        out[key] = {
+            **ordered[len(ordered) // 2],
+            "load_percent": round(100 * args.latency_load),
+            "runs": len(ordered),
+            "p99_runs_ms": [r["p99_ms"] for r in runs[system]],
+        }
+    return out
+
+
+def throughput_problems(data: dict) -> list[str]:
+    """What makes this run's figures incomplete: systems without a median of all repeats."""
+    repeat = data["config"]["repeat"]
+    problems = []
+    for name in data["systems"]:
+        runs = data["summary"].get(name, {}).get("runs", 0)
+        if runs < repeat:
+            problems.append(f"{LABELS[name]}: {runs} of {repeat} runs succeeded")
+    return problems
+
+
+async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> dict:
     app = "enhydra-profile"
     raw = root / "enhydra-profile.txt"
     progress("profiling one more Enhydra run with py-spy")
@@ -349,8 +397,10 @@ async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> d
         profile_to=raw,
     )
     if not raw.exists():
-        progress("py-spy wrote no profile (ptrace not permitted?)")
-        return None
+        raise SystemExit(
+            "py-spy wrote no profile: is ptrace permitted here? (pass --no-profile to run "
+            "without the profile)"
+        )
     summary = profile.summarize(raw)
     summary["rate_while_profiled"] = result.rate
     if args.profile_out:
@@ -408,10 +458,10 @@ async def sweep(
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="~2 minutes: fewer commands, 1 repeat")
-    p.add_argument("--commands", type=int, help="preloaded commands (default 300k, quick 60k)")
+    p.add_argument("--quick", action="store_true", help="~5 minutes: fewer commands, no sweep")
+    p.add_argument("--commands", type=int, help="preloaded commands (default 300k, quick 40k)")
     p.add_argument("--keys", type=int, default=10_000, help="accounts in the main workload")
-    p.add_argument("--repeat", type=int, help="runs per system (default 3, quick 1)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per system (at least 3)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     p.add_argument("--cap", type=float, default=180, help="max seconds of processing per run")
     p.add_argument("--faust-cap", type=float, help="faust's cap (default 40 s, quick 10 s)")
@@ -433,11 +483,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Sizes for a full run (~10 min on 2 busy cores) or a quick one (~2 min)."""
+    """Sizes for a full run (~15 min on 2 busy cores) or a quick one (~5 min)."""
     quick = args.quick
+    if args.repeat < 3:
+        raise SystemExit("--repeat must be at least 3: every ratio is a median of 3 or more runs")
     defaults = {
-        "commands": 60_000 if quick else 300_000,
-        "repeat": 1 if quick else 3,
+        "commands": 40_000 if quick else 300_000,
         "faust_cap": 10.0 if quick else 40.0,
         "latency_seconds": 6.0 if quick else 20.0,
         "sweep_keys": "" if quick else "1000,10000,100000",
@@ -462,6 +513,9 @@ def main() -> None:
         from bench.throughput import report
 
         report.write(data, others=[])
+    problems = throughput_problems(data)
+    if problems:
+        sys.exit("throughput benchmark incomplete: " + "; ".join(problems))
 
 
 if __name__ == "__main__":

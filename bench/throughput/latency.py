@@ -104,9 +104,11 @@ async def measure_latency(
     keys: int = 10_000,
     seed: int = 11,
     warmup_s: float = 5.0,
+    run: int = 0,
 ) -> Latency:
-    """`system` is "enhydra" or "raw-rocksdb" (the hand-written loop, as a reference)."""
-    app = f"lat-{system}"
+    """`system` is "enhydra" or "raw-rocksdb" (the hand-written loop, as a reference); each
+    `run` gets its own app and topics."""
+    app = f"lat-{system}-r{run}"
     topic = f"{app}-input-commands"
     run_dir = root / app
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def area(file: str) -> str:
     path = file.replace("\\", "/")
     for prefix, name in (
         ("enhydra/processing/core", "enhydra core: decide/apply loop, entries"),
-        ("enhydra/processing/output", "enhydra output: building/sending records"),
+        ("enhydra/runner/checkpoint", "enhydra output: building/sending records"),
         ("enhydra/processing/engine", "enhydra engine: batch plumbing"),
         ("enhydra/stores", "enhydra stores: RocksDB"),
         ("enhydra/", "enhydra other"),
