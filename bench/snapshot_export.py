@@ -66,7 +66,7 @@ def main() -> None:
     broker = None
     bootstrap = None
     if not args.no_kafka:
-        from enhydra.broker.local import LocalBroker
+        from enhydra.devtools.broker import LocalBroker
 
         broker = LocalBroker(work / "kafka", port=0)
         bootstrap = broker.start().bootstrap

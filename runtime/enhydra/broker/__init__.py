@@ -1,1 +1,4 @@
-"""A real Apache Kafka broker (KRaft) for development and tests, fetched from Maven Central."""
+"""Deprecated location of the local broker: it moved to `enhydra.devtools` (broker.py).
+
+Only `local` remains, re-exporting what `enhydra.spark.jars` imports from it.
+"""
