@@ -32,6 +32,7 @@ import click
 
 from enhydra.errors.uncaught import EXIT_CANNOT_START
 from enhydra.kafka.errors import KafkaAccessError
+from enhydra.logs import configure_logging
 from enhydra.settings import PREFIX, Connection, Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class PlainGroup(click.Group):
     """The `enhydra` group: Kafka and settings failures end as one line, a hint and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        quiet_kafka_logs()
+        tool_logging()
         try:
             return super().invoke(ctx)
         except KafkaAccessError as exc:
@@ -94,8 +95,14 @@ def fail(lines: list[str], code: int, exc: BaseException | None = None) -> None:
     sys.exit(code)
 
 
-def quiet_kafka_logs() -> None:
-    """aiokafka's own error lines repeat what the command explains in one line."""
+def tool_logging() -> None:
+    """A command's own output says what it did: library log lines are warnings and up only, on
+    stderr (stdout stays for results), and aiokafka's error lines, which repeat what the
+    command explains in one line, not at all. ENHYDRA_LOG_LEVEL=debug shows everything.
+
+    `enhydra run` sets up the service's logging itself when it starts.
+    """
+    configure_logging(fmt="console", level="debug" if debugging() else "warning")
     if not debugging():
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 

@@ -147,7 +147,8 @@ def replay_(to_topic: str | None, dry_run: bool, **opts: object) -> None:
         click.echo(format_table([x.summary(now) for x in letters], COLUMNS[:-1]))
         click.echo(f"dry run: {len(letters)} dead letter(s) would be replayed")
         return
-    with click.progressbar(length=len(letters), label="replaying", file=None) as bar:
+    stderr = click.get_text_stream("stderr")
+    with click.progressbar(length=len(letters), label="replaying", file=stderr) as bar:
         try:
             sent = asyncio.run(
                 replay(opts["conn"], topic, letters, to_topic=to_topic, progress=bar.update)

@@ -210,7 +210,13 @@ def query(location: str, store: str, key: str) -> None:
 
 
 def _bar(label: str, total: int):
-    return click.progressbar(length=total, label=label, show_pos=True, show_percent=True)
+    return click.progressbar(
+        length=total,
+        label=label,
+        show_pos=True,
+        show_percent=True,
+        file=click.get_text_stream("stderr"),  # stdout is for the result lines
+    )
 
 
 @snapshot.command("clone")
