@@ -106,10 +106,13 @@ class Client:
                     body = raw.decode("utf-8", "replace")
                 return response.status, dict(response.headers), body
         except aiohttp.ClientConnectorError as exc:
-            # Nothing listens there (refused) or the name does not resolve.
-            error = exc.os_error
-            why = "connection refused" if error.errno == errno.ECONNREFUSED else error.strerror
-            return 0, {}, {"error": f"{base} unreachable: {why or error}", "code": "unreachable"}
+            # Nothing listens there (refused), the name does not resolve, TLS fails.
+            error = getattr(exc, "os_error", None)  # certificate errors carry none
+            if isinstance(error, OSError) and error.errno == errno.ECONNREFUSED:
+                why = "connection refused"
+            else:
+                why = (error.strerror if isinstance(error, OSError) else None) or str(exc)
+            return 0, {}, {"error": f"{base} unreachable: {why}", "code": "unreachable"}
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return 0, {}, {"error": f"{base} unreachable: {type(exc).__name__}: {exc}"}
 
