@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
 from bench.common import create_topics, load_average, machine, progress, table  # noqa: E402
-from enhydra.broker.local import LocalBroker  # noqa: E402
 from enhydra.contracts.codec import Entry, encode_entry  # noqa: E402
+from enhydra.devtools.broker import LocalBroker  # noqa: E402
 from enhydra.kafka.topics import TopicSpec  # noqa: E402
 from enhydra.logs import configure_logging  # noqa: E402
 from enhydra.snapshots.format import (  # noqa: E402

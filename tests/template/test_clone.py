@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from enhydra.cli import image
+from enhydra.devtools import image
 from enhydra.testing.processes import free_port, http_get
 from tests.template.support import REPO, enhydra_new, outcomes
 

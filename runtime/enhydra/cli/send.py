@@ -19,7 +19,7 @@ from typing import IO
 import click
 from aiokafka.errors import KafkaError
 
-from enhydra.cli.common import kafka_options
+from enhydra.cli.common import StatusLine, kafka_options
 from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.kafka.reading import known_topics
 from enhydra.settings import Connection
@@ -125,28 +125,18 @@ async def produce(
 
 
 class Progress:
-    """A status line on stderr: redrawn in place on a terminal, a line every few seconds if not."""
+    """How many records went out, as a status line (see StatusLine)."""
 
     def __init__(self, topic: str, stream: IO[str]) -> None:
         self.topic = topic
-        self.stream = stream
-        self.live = stream.isatty()
-        self.started = self.shown = time.monotonic()
+        self.line = StatusLine(stream)
 
     def __call__(self, sent: int) -> None:
-        now = time.monotonic()
-        if now - self.shown < (0.2 if self.live else 5.0):
-            return
-        self.shown = now
-        rate = sent / max(now - self.started, 1e-6)
-        line = f"enhydra: sent {sent:,} records to {self.topic} ({rate:,.0f}/s)"
-        self.stream.write(f"\r{line}" if self.live else f"{line}\n")
-        self.stream.flush()
+        rate = sent / max(time.monotonic() - self.line.started, 1e-6)
+        self.line.show(f"enhydra: sent {sent:,} records to {self.topic} ({rate:,.0f}/s)")
 
     def done(self) -> float:
-        if self.live and self.shown > self.started:
-            self.stream.write("\r\033[K")
-        return time.monotonic() - self.started
+        return self.line.clear()
 
 
 def _sources(files: tuple[Path, ...]) -> Iterator[tuple[str, Iterable[str]]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from enhydra.cli.common import load_service
 from enhydra.cli.generate import GenerateError, find_project
-from enhydra.cli.run import load_service
 from enhydra.plugins import PluginError
 from enhydra.settings import SettingsError
 from enhydra.topology import (
@@ -59,7 +59,12 @@ def read_topology(path: Path) -> dict:
 
 @click.group()
 def topology() -> None:
-    """Show a service's topology, check an upgrade against the deployed one, lock the baseline."""
+    """Show a service's topology, check an upgrade against the deployed one, lock the baseline.
+
+    \b
+    Example:
+      enhydra topology check billing.service:service --against topology.json
+    """
 
 
 @topology.command()
@@ -102,7 +107,7 @@ def check(target: str, against: Path, fmt: str) -> None:
 
     \b
     Example:
-      enhydra topology check --against topology.json billing.service:service
+      enhydra topology check billing.service:service --against topology.json
     """
     old = read_topology(against)
     new = _topology(target)
