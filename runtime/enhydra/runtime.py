@@ -165,7 +165,8 @@ class Runtime:
         """
         self.leave_groups()
         asyncio.get_running_loop().call_later(0.2, self.shutdown, 0, "leaving the group over HTTP")
-        return web.json_response({"status": "leaving", "instance": self.settings.instance_id}, 202)
+        body = {"status": "leaving", "instance": self.settings.instance_id}
+        return web.json_response(body, status=202)
 
     def leave_groups(self) -> None:
         """On stop, leave every group at once instead of being expected back."""

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,30 @@ def test_a_stalled_http_port_alone_removes_nobody(
     assert during_b["rebalances"] == before_b["rebalances"], "a was removed"
     assert after_a["processed"] > before_a["processed"], "a stopped processing"
     assert "removing dead peer" not in b.log_tail(400)
+
+
+def test_a_scale_down_hands_its_tasks_over_at_once(
+    service_factory: Any, kafka_bootstrap: str, app_id: str, tmp_path: Path
+) -> None:
+    """POST /v1/admin/leave: leave the group and stop, without waiting for the session timeout."""
+    token = {"ENHYDRA_ADMIN_TOKEN": "adm"}
+    a = production(service_factory, "a", tmp_path, **token)
+    b = production(service_factory, "b", tmp_path, **token)
+    a.wait_ready()
+    b.wait_ready()
+    commands = generate(200, 1000, seed=95)
+    feed(kafka_bootstrap, app_id, commands)
+    leaving = active(a)
+    assert leaving
+    request = urllib.request.Request(
+        a.url + "/v1/admin/leave", method="POST", headers={"Authorization": "Bearer adm"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status == 202
+    asked_at = time.monotonic()
+    assert a.process is not None and a.process.wait(30) == 0
+    took = wait_until(lambda: active(b) == {0, 1, 2, 3}, 20, step=0.1)
+    print(f"scale-down: b runs every partition {time.monotonic() - asked_at:.2f} s after the ask")
+    assert took < 10, "b waited for the session timeout"  # 30 s at these settings
+    assert "left the group" in a.log_tail(50)
+    assert read_accounts([b], sorted(model(commands))) == model(commands)

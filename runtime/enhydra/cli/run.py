@@ -25,6 +25,7 @@ from enhydra.settings import PREFIX, Connection
 __all__ = ["load_service", "run"]
 
 FLAGS = ("app_id", "instance_id", "web_port", "state_dir", "log_level", "log_format")
+SWITCHES = {"leave_group": "leave_group_on_shutdown"}
 
 
 @click.command()
@@ -61,6 +62,14 @@ FLAGS = ("app_id", "instance_id", "web_port", "state_dir", "log_level", "log_for
     metavar="auto|json|console",
     help="json for log shippers, console for people [default: auto, by the terminal].",
 )
+@click.option(
+    "--leave-group",
+    is_flag=True,
+    default=False,
+    help="On SIGTERM, leave the group at once so the others take over now (a scale-down). "
+    "Without it, the instance is expected back under the same id (a rolling restart) "
+    "[env var: ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN].",
+)
 @click.pass_context
 def run(ctx: click.Context, target: str, conn: Connection, **flags: object) -> None:
     """Run a worker of TARGET (MODULE:ATTR) until SIGTERM or SIGINT.
@@ -73,10 +82,14 @@ def run(ctx: click.Context, target: str, conn: Connection, **flags: object) -> N
       enhydra run billing.service:service
       enhydra run billing.service:service --instance-id billing-2 --web-port 6067 \\
         --state-dir state/2 --bootstrap kafka-1:9092
+      enhydra run billing.service:service --leave-group   # the last run before a scale-down
     """
     for name in FLAGS:
         if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
             os.environ[PREFIX + name.upper()] = str(flags[name])
+    for flag, setting in SWITCHES.items():
+        if flags[flag]:
+            os.environ[PREFIX + setting.upper()] = "true"
     if ctx.get_parameter_source("conn") is ParameterSource.COMMANDLINE:
         os.environ["ENHYDRA_BOOTSTRAP_SERVERS"] = conn.bootstrap_servers
     service = load_service(target)
