@@ -29,10 +29,15 @@ OTHERS = {
         ["--keys", "200000", "--repeat", "2"],
         ["--keys", "50000", "--repeat", "1"],
     ),
+    # static (no detector) waits the 30 s session timeout per kill: left to the full script
     "state_failover.py": (
-        ["--keys", "100000", "--repeat", "1"],
-        ["--keys", "10000", "--repeat", "1"],
+        ["--keys", "100000", "--repeat", "1", "--variants", "dynamic,static+fd"],
+        [
+            *("--keys", "10000", "--repeat", "1", "--variants", "static+fd"),
+            *("--roll-keys", "10000", "--roll-variants", "static"),
+        ],
     ),
+    "static_membership.py": (["--repeat", "1"], ["--repeat", "1", "--skip-static-alone"]),
     "snapshot_export.py": (
         ["--keys", "200000", "--repeat", "2"],
         ["--keys", "50000", "--repeat", "1"],
