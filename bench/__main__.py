@@ -32,10 +32,15 @@ OTHERS = {
         ["--keys", "200000", "--repeat", "3"],
         ["--keys", "50000", "--repeat", "3"],
     ),
+    # static (no detector) waits the 30 s session timeout per kill: left to the full script
     "state_failover.py": (
-        ["--keys", "100000", "--repeat", "3"],
-        ["--keys", "10000", "--repeat", "3"],
+        ["--keys", "100000", "--repeat", "3", "--variants", "dynamic,static+fd"],
+        [
+            *("--keys", "10000", "--repeat", "3", "--variants", "static+fd"),
+            *("--roll-keys", "10000", "--roll-variants", "static"),
+        ],
     ),
+    "static_membership.py": (["--repeat", "3"], ["--repeat", "3", "--skip-static-alone"]),
     "snapshot_export.py": (  # below ~500k keys, opening RocksDB and topics weigh on the ratios
         ["--keys", "1000000", "--repeat", "3"],
         ["--keys", "500000", "--repeat", "3"],
