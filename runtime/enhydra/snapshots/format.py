@@ -28,7 +28,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiokafka.partitioner import murmur2
 
 from enhydra.processing.core import Entry, decode_entry
 
@@ -110,6 +109,10 @@ def partition_file(store: str, partition: int) -> str:
 
 def partition_for(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2), the way the runtime places keys."""
+    # Imported here: Spark executors import this module to write partition files, and they
+    # must not need aiokafka (a plain Python with pyspark, pyarrow and orjson runs them).
+    from aiokafka.partitioner import murmur2
+
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
