@@ -152,10 +152,10 @@ def spark_cores(spark: Any) -> int:
 
 
 class _Progress:
-    """Every few seconds, one line on stderr: the running stage's tasks, events read, folded.
+    """Every few seconds, one line on stderr: the step, its tasks done, the events folded.
 
-    Events read come from the JVM's live task metrics (executor heartbeats), events folded
-    from an accumulator that each fold task adds to when it ends.
+    Tasks come from Spark's status tracker; events folded from an accumulator each fold task
+    adds to when it ends (the Kafka source reports no live record counts).
     """
 
     def __init__(self, spark: Any, total: int, folded: Any, every_s: float = 5.0) -> None:
@@ -163,6 +163,7 @@ class _Progress:
         self.total = total
         self.folded = folded
         self.every_s = every_s
+        self.step = "starting"
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="enhydra-progress", daemon=True)
 
@@ -174,34 +175,29 @@ class _Progress:
         self.done.set()
         self.thread.join(timeout=2)
 
-    def _stages(self) -> list[tuple[str, int, int, int]]:
-        """(name, tasks done, tasks, records read) of the active stages."""
-        store = self.spark.sparkContext._jsc.sc().statusStore()
-        stages = store.activeStages()
-        found = []
-        for i in range(stages.length()):
-            stage = stages.apply(i)
-            name = str(stage.name()).split(" at ")[0]
-            found.append(
-                (name, stage.numCompleteTasks(), stage.numTasks(), int(stage.inputRecords()))
-            )
-        return found
+    def begin(self, step: str) -> None:
+        """Name what runs next, in the progress lines and in Spark's UI."""
+        self.step = step
+        self.spark.sparkContext.setJobDescription(f"enhydra backfill: {step}")
 
     def _run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
         while not self.done.wait(self.every_s):
             try:
-                stages = self._stages()
+                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
                 folded = int(self.folded.value)
             except Exception:  # the context is stopping
                 return
-            for name, done, tasks, read in stages:
-                log.info(
-                    "backfill progress",
-                    stage=name,
-                    tasks=f"{done}/{tasks}",
-                    events_read=f"{read:,}/{self.total:,}",
-                    events_folded=f"{folded:,}",
-                )
+            stages = [s for s in stages if s is not None]
+            if not stages:
+                continue
+            log.info(
+                "backfill progress",
+                step=self.step,
+                tasks=f"{sum(s.numCompletedTasks for s in stages)}/"
+                f"{sum(s.numTasks for s in stages)}",
+                events_folded=f"{folded:,}/{self.total:,}",
+            )
 
 
 # --------------------------------------------------------------------------- the job
@@ -298,13 +294,16 @@ def run_backfill(
 
     folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        with _Progress(spark, total, counter):
+        with _Progress(spark, total, counter) as progress:
+            progress.begin("fold")
             stage = time.monotonic()
             result.keys = folded.count()
             result.timings["fold_s"] = time.monotonic() - stage
             log.info("events folded", keys=result.keys, events=total, **_rate(total, stage))
+            progress.begin("cut")
             result.cut = _cut(folded, bound.commands_topic, ranges, layout)
             if output is not None:
+                progress.begin("write parquet")
                 stage = time.monotonic()
                 folded.select(
                     "key_text", "partition", "state", "last_offset", "events", "key", "value"
@@ -313,6 +312,7 @@ def run_backfill(
                 result.timings["output_s"] = time.monotonic() - stage
                 log.info("state written as parquet", path=str(output), keys=result.keys)
             if writer is not None:
+                progress.begin("write snapshot")
                 stage = time.monotonic()
                 result.snapshot = _write_snapshot(folded, writer, len(ranges), result.cut)
                 result.timings["snapshot_s"] = time.monotonic() - stage
@@ -323,6 +323,7 @@ def run_backfill(
                     cut=result.cut.offsets,
                 )
             if emit_events is not None:
+                progress.begin("emit corrected events")
                 stage = time.monotonic()
                 result.emitted = _emit(
                     spark, info, bootstrap, ranges, emit_events, method, window, layout, bound
