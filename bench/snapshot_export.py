@@ -90,7 +90,7 @@ def main() -> None:
                 results["clone"].append(
                     timed(
                         lambda s=snapshot, a=to_app: asyncio.run(
-                            clone(s, bootstrap=bootstrap, to_app=a, commands_topic=f"{a}-commands")
+                            clone(s, conn=bootstrap, to_app=a, commands_topic=f"{a}-commands")
                         )
                     )
                 )

@@ -45,12 +45,12 @@ from common import (
 )
 from rocksdict import Options, Rdict, WriteBatch
 
+from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import configure_logging
 from enhydra.processing.core import Entry, encode_entry
 from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
-from enhydra.topics import TopicSpec
 
 APP = "bench"
 PARTITIONS = 4

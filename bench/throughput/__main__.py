@@ -27,8 +27,8 @@ from pathlib import Path
 from bench.common import create_topics, fresh_broker, load_average, machine, produce_fast, progress
 from bench.throughput import harness, latency, profile
 from bench.throughput.workload import COMMANDS_TOPIC, PARTITIONS, command_records
+from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import configure_logging
-from enhydra.topics import TopicSpec
 
 SYSTEMS = ("raw-dict", "raw-rocksdb", "enhydra", "quix", "faust")
 LABELS = {

@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench.common import ROOT, create_topics, progress
 from bench.throughput import profile
 from bench.throughput.workload import PARTITIONS
+from enhydra.kafka.topics import TopicSpec
 from enhydra.testing.processes import service_env
-from enhydra.topics import TopicSpec
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

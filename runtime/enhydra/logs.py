@@ -12,6 +12,8 @@ from typing import Any
 
 import structlog
 
+from enhydra.kafka import noise
+
 _configured: dict[str, Any] = {}
 
 
@@ -55,13 +57,15 @@ def configure_logging(
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    noise.install(handler)  # a broker outage: a few lines a minute, not thousands
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # Kafka clients are chatty at INFO about routine group coordination.
-    for noisy in ("aiokafka", "kafka"):
+    # Kafka clients are chatty at INFO about routine group coordination, and faust's and
+    # mode's INFO lines describe their own start-up, not the service's.
+    for noisy in ("aiokafka", "kafka", "faust", "mode"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

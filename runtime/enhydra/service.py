@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import gc
 import inspect
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,23 +26,30 @@ from enhydra.aggregate import Aggregate, BoundAggregate
 from enhydra.control.channel import SHUTDOWN_APPLICATION, ControlChannel
 from enhydra.errors.policies import ErrorPolicies, Handler, UncaughtPolicy
 from enhydra.errors.uncaught import (
+    EXIT_CANNOT_START,
     EXIT_SHUTDOWN_APPLICATION,
     EXIT_SHUTDOWN_CLIENT,
     RestartBudget,
     UncaughtDecider,
     UncaughtHandler,
 )
+from enhydra.kafka.clients import check_access
+from enhydra.kafka.errors import KafkaAccessError
+from enhydra.kafka.topics import TopicError
 from enhydra.logs import configure_logging, get_logger
 from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
 from enhydra.processing.engine import Engine
 from enhydra.projections.host import ProjectionHost
 from enhydra.projections.model import Projection
 from enhydra.query.http import AdminRoute, build_app
-from enhydra.settings import Settings
+from enhydra.settings import Settings, SettingsError, unknown_variables
 from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
 from enhydra.snapshots.live import Hook as SnapshotHook
 
 log = get_logger("enhydra.service")
+# mode logs each service's "Starting..."/"Stopping..." at INFO under the class's module name;
+# under its own logger, that chatter stays below the service's log level (logs.py).
+_LIFECYCLE_LOGGER = logging.getLogger("mode.enhydra")
 
 
 class _BootStrategy(BootStrategy):
@@ -51,6 +59,7 @@ class _BootStrategy(BootStrategy):
 
 class _App(faust.App):
     BootStrategy = _BootStrategy
+    logger = _LIFECYCLE_LOGGER
 
 
 def settle_heap() -> None:
@@ -75,8 +84,16 @@ class _Supervisor(ModeService):
     """
 
     owner: Service
+    logger = _LIFECYCLE_LOGGER
 
     async def on_start(self) -> None:
+        try:
+            await self._start()
+        except (KafkaAccessError, TopicError) as exc:
+            fields = exc.fields() if isinstance(exc, KafkaAccessError) else {}
+            self.owner.shutdown(EXIT_CANNOT_START, str(exc), level="error", **fields)
+
+    async def _start(self) -> None:
         svc = self.owner
         s = svc.settings
         self._handling: list[asyncio.Future[None]] = []
@@ -89,9 +106,7 @@ class _Supervisor(ModeService):
         engine.on_failure = self._on_failure
         svc.engine = engine
         await engine.start()  # creates the topics, the control topic among them
-        self.control = ControlChannel(
-            s.bootstrap_servers, s.app_id, s.instance_id, self._on_control
-        )
+        self.control = ControlChannel(s.connection, s.app_id, s.instance_id, self._on_control)
         svc.snapshots = LiveSnapshots(svc, self.control.send)
         await self.control.start()
         svc.snapshots.start()
@@ -156,6 +171,8 @@ class _Supervisor(ModeService):
 
 class _WebService(ModeService):
     """The instance's aiohttp server; it starts before the engine so probes answer early."""
+
+    logger = _LIFECYCLE_LOGGER
 
     def __init__(self, app: web.Application, host: str, port: int, **kw: Any) -> None:
         super().__init__(**kw)
@@ -286,11 +303,13 @@ class Service:
             self.settings, self.bound, policies=self.policies, transient=self.transient_errors
         )
 
-    def shutdown(self, exit_code: int, message: str, **context: Any) -> None:
+    def shutdown(
+        self, exit_code: int, message: str, *, level: str = "warning", **context: Any
+    ) -> None:
         """Stop this instance cleanly with `exit_code` (the first reason given wins)."""
         if self.exit_code == 0:
             self.exit_code = exit_code
-        log.warning(message, exit_code=exit_code, **context)
+        getattr(log, level)(message, exit_code=exit_code, **context)
         if self._stop_worker is not None:
             self._stop_worker()
 
@@ -326,12 +345,18 @@ class Service:
 
     def run(self) -> None:
         """Run a worker until SIGTERM/SIGINT or a shutdown policy; exit with its code."""
-        s = self.settings
+        try:
+            s = self.settings
+        except SettingsError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            sys.exit(EXIT_CANNOT_START)
         configure_logging(
             fmt=s.log_format,
             level=s.log_level,
             static={"app": s.app_id, "instance": s.instance_id},
         )
+        for name, closest in unknown_variables():
+            log.warning("unknown setting ignored", variable=name, did_you_mean=closest)
         try:
             app = self.build()
         except PluginError as exc:
@@ -345,12 +370,17 @@ class Service:
             "starting",
             app_id=s.app_id,
             instance=s.instance_id,
-            bootstrap=s.bootstrap_servers,
+            kafka=s.connection.describe(),
             store=self.aggregate.name,
             web=s.advertised_url,
             tags=s.client_tags,
             plugins=[f"{p.name} ({p.distribution} {p.version})" for p in self.plugins],
         )
+        try:  # fail in seconds with one line, not inside the worker with a traceback
+            asyncio.run(check_access(s.connection))
+        except KafkaAccessError as exc:
+            log.error(exc.what, **exc.fields())
+            sys.exit(EXIT_CANNOT_START)
         code = 0
         try:
             worker.execute_from_commandline()

@@ -8,6 +8,9 @@ puzzling runtime failure.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import importlib
 import os
 import re
 import socket
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "ENHYDRA_"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class SettingsError(ValueError):
@@ -109,6 +114,46 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _upper_choice(*choices: str) -> Callable[[str, str], str]:
+    """Kafka spells these in capitals (SASL_SSL, SCRAM-SHA-512); accept any case."""
+
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().upper()
+        for spelling in (value, value.replace("_", "-"), value.replace("-", "_")):
+            if spelling in choices:
+                return spelling
+        raise SettingsError(name, raw, "one of " + ", ".join(choices))
+
+    return parse
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(name, raw, "true or false")
+
+
+def _readable_file(name: str, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise SettingsError(name, raw, "a readable file (no such file)")
+    if not os.access(path, os.R_OK):
+        raise SettingsError(name, raw, "a readable file (permission denied)")
+    return path
+
+
+_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _callable_name(name: str, raw: str) -> str:
+    if not _CALLABLE.match(raw.strip()):
+        raise SettingsError(name, raw, "MODULE:CALLABLE, e.g. billing.auth:fetch_token")
+    return raw.strip()
+
+
 def _url(name: str, raw: str) -> str:
     if not re.match(r"^https?://[^/\s]+", raw):
         raise SettingsError(name, raw, "an http(s) URL such as http://10.0.0.5:6066")
@@ -129,7 +174,19 @@ class Settings:
     """Everything a running instance needs to know, all overridable from the environment."""
 
     app_id: str = _env(_app_id)
+    # Kafka connection and security (see Connection): every client of the process uses them.
     bootstrap_servers: str = _env(_bootstrap, "127.0.0.1:9092")
+    security_protocol: str = _env(_upper_choice(*SECURITY_PROTOCOLS), "PLAINTEXT")
+    sasl_mechanism: str = _env(_upper_choice(*SASL_MECHANISMS), "")
+    sasl_username: str = _env(_text, "")
+    sasl_password: str = _env(_text, "", repr=False)
+    sasl_password_file: Path | None = _env(_readable_file, None)
+    sasl_oauth_token_provider: str = _env(_callable_name, "")
+    ssl_cafile: Path | None = _env(_readable_file, None)
+    ssl_certfile: Path | None = _env(_readable_file, None)
+    ssl_keyfile: Path | None = _env(_readable_file, None)
+    ssl_key_password: str = _env(_text, "", repr=False)
+    ssl_check_hostname: bool = _env(_bool, True)
     instance_id: str = _env(_text, "")
     state_dir: Path = _env(lambda n, r: Path(r), Path("state"))
     web_host: str = _env(_text, "0.0.0.0")
@@ -185,6 +242,7 @@ class Settings:
     snapshot_timeout_s: int = _env(_positive_int, 300)
 
     def __post_init__(self) -> None:
+        self.connection  # noqa: B018 - a bad combination of security settings fails at start
         if not self.instance_id:
             object.__setattr__(self, "instance_id", f"{socket.gethostname()}-{os.getpid()}")
         if not self.dlq_topic:
@@ -211,24 +269,16 @@ class Settings:
         """Where this app's stores live; one app per folder so instances can share a disk."""
         return self.state_dir / self.app_id
 
+    @functools.cached_property
+    def connection(self) -> Connection:
+        """How this process reaches Kafka; enhydra.kafka builds every client from it."""
+        return Connection(**{name: getattr(self, name) for name in Connection.field_names()})
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, /, **defaults: Any) -> Settings:
         """Build settings from `defaults` (given by the service code) overridden by the env."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            parser = f.metadata["parser"]
-            raw = env.get(PREFIX + f.name.upper())
-            has_default = f.name in defaults
-            default = defaults.pop(f.name, None)
-            if raw is not None and raw.strip() != "":
-                values[f.name] = parser(f.name, raw.strip())
-            elif has_default:
-                if isinstance(default, str):
-                    default = parser(f.name, default)
-                elif isinstance(default, list):
-                    default = tuple(default)
-                values[f.name] = default
+        values = _read_fields(dataclasses.fields(cls), env, defaults)
         if defaults:
             unknown = ", ".join(sorted(defaults))
             raise TypeError(f"unknown setting(s): {unknown}")
@@ -240,3 +290,221 @@ class Settings:
     def names(cls) -> list[str]:
         """The environment variable of every setting, for docs and `--help`."""
         return [PREFIX + f.name.upper() for f in dataclasses.fields(cls)]
+
+
+def _read_fields(
+    fields: tuple[dataclasses.Field, ...], env: Mapping[str, str], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """Parse each field from ENHYDRA_<NAME>, else from `defaults` (popped as they are used)."""
+    values: dict[str, Any] = {}
+    for f in fields:
+        parser = f.metadata["parser"]
+        raw = env.get(PREFIX + f.name.upper())
+        has_default = f.name in defaults
+        default = defaults.pop(f.name, None)
+        if raw is not None and raw.strip() != "":
+            values[f.name] = parser(f.name, raw.strip())
+        elif has_default:
+            if isinstance(default, str):
+                default = parser(f.name, default)
+            elif isinstance(default, list):
+                default = tuple(default)
+            values[f.name] = default
+    return values
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where Kafka is and how to authenticate: the one input of every Kafka client we build.
+
+    A projection of the connection settings, so a CLI command that has no application (dlq,
+    snapshot, reset) reads the same ENHYDRA_* variables with the same checks as `enhydra run`.
+    Secrets stay out of repr() and describe(): they reach no log, page or error message.
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: str = field(default="", repr=False)
+    sasl_password_file: Path | None = None
+    sasl_oauth_token_provider: str = ""
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_key_password: str = field(default="", repr=False)
+    ssl_check_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if self.sasl_password_file is not None:
+            if self.sasl_password:
+                raise SettingsError(
+                    "sasl_password_file",
+                    str(self.sasl_password_file),
+                    "either ENHYDRA_SASL_PASSWORD or ENHYDRA_SASL_PASSWORD_FILE, not both",
+                )
+            try:
+                secret = Path(self.sasl_password_file).read_text(encoding="utf-8").strip("\r\n")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SettingsError(
+                    "sasl_password_file", str(self.sasl_password_file), f"a readable file ({exc})"
+                ) from None
+            object.__setattr__(self, "sasl_password", secret)
+        protocol = self.security_protocol
+        if self.uses_sasl:
+            if not self.sasl_mechanism:
+                raise SettingsError(
+                    "sasl_mechanism", "", f"one of {', '.join(SASL_MECHANISMS)} with {protocol}"
+                )
+            if self.sasl_mechanism == "OAUTHBEARER":
+                if not self.sasl_oauth_token_provider:
+                    raise SettingsError(
+                        "sasl_oauth_token_provider",
+                        "",
+                        "MODULE:CALLABLE returning a token, required by OAUTHBEARER",
+                    )
+            else:
+                if not self.sasl_username:
+                    raise SettingsError(
+                        "sasl_username", "", f"a user name for {self.sasl_mechanism}"
+                    )
+                if not self.sasl_password:
+                    raise SettingsError(
+                        "sasl_password",
+                        "",
+                        f"a password for {self.sasl_mechanism} (or ENHYDRA_SASL_PASSWORD_FILE)",
+                    )
+        elif self.sasl_mechanism:
+            raise SettingsError(
+                "sasl_mechanism",
+                self.sasl_mechanism,
+                f"no SASL mechanism with ENHYDRA_SECURITY_PROTOCOL={protocol} "
+                "(use SASL_SSL or SASL_PLAINTEXT)",
+            )
+        tls_files = {"ssl_cafile", "ssl_certfile", "ssl_keyfile"}
+        given = sorted(name for name in tls_files if getattr(self, name) is not None)
+        if given and not self.uses_ssl:
+            raise SettingsError(
+                given[0],
+                str(getattr(self, given[0])),
+                f"TLS files only with SSL or SASL_SSL (ENHYDRA_SECURITY_PROTOCOL={protocol})",
+            )
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise SettingsError(
+                "ssl_certfile", "", "the client certificate that goes with ENHYDRA_SSL_KEYFILE"
+            )
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    def describe(self) -> dict[str, Any]:
+        """What may be shown: addresses, protocol, user and file paths, never a secret."""
+        shown: dict[str, Any] = {
+            "bootstrap": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+        }
+        if self.uses_sasl:
+            shown["sasl_mechanism"] = self.sasl_mechanism
+            if self.sasl_username:
+                shown["sasl_username"] = self.sasl_username
+        if self.uses_ssl:
+            shown["ssl_cafile"] = str(self.ssl_cafile) if self.ssl_cafile else "(system CAs)"
+            if self.ssl_certfile:
+                shown["ssl_certfile"] = str(self.ssl_certfile)
+            if not self.ssl_check_hostname:
+                shown["ssl_check_hostname"] = False
+        return shown
+
+    def secrets(self) -> list[str]:
+        """The secret values, so messages that might echo them can be scrubbed."""
+        return [s for s in (self.sasl_password, self.ssl_key_password) if s]
+
+    def token_provider(self) -> Callable[[], Any]:
+        """The OAUTHBEARER token callable named by ENHYDRA_SASL_OAUTH_TOKEN_PROVIDER."""
+        module_name, _, attr = self.sasl_oauth_token_provider.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            raise SettingsError(
+                "sasl_oauth_token_provider", self.sasl_oauth_token_provider, f"importable ({exc})"
+            ) from None
+        if not callable(target):
+            raise SettingsError(
+                "sasl_oauth_token_provider", self.sasl_oauth_token_provider, "a callable"
+            )
+        return target
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def env(self) -> dict[str, str]:
+        """The ENHYDRA_* variables that give a child process this connection.
+
+        A password read from a file is passed as that file, so it stays out of the environment.
+        """
+        env = {}
+        for name in self.field_names():
+            value = getattr(self, name)
+            if name == "sasl_password" and self.sasl_password_file is not None:
+                continue
+            if value is None or value == "" or (name == "ssl_check_hostname" and value):
+                continue
+            env[PREFIX + name.upper()] = (
+                str(value).lower() if isinstance(value, bool) else str(value)
+            )
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, /, **given: Any) -> Connection:
+        """The connection settings alone (for commands that run no application).
+
+        `given` values (e.g. a --bootstrap flag) win over the environment.
+        """
+        env = os.environ if env is None else env
+        names = set(cls.field_names())
+        fields = tuple(f for f in dataclasses.fields(Settings) if f.name in names)
+        chosen = {k: v for k, v in given.items() if v is not None}
+        overridden = {PREFIX + k.upper() for k in chosen}
+        values = _read_fields(fields, {k: v for k, v in env.items() if k not in overridden}, chosen)
+        if chosen:
+            raise TypeError(f"unknown connection setting(s): {', '.join(sorted(chosen))}")
+        return cls(**values)
+
+    @classmethod
+    def plain(cls, bootstrap: str) -> Connection:
+        """A PLAINTEXT connection to `bootstrap` (tests, the local development broker)."""
+        return cls(bootstrap_servers=_bootstrap("bootstrap_servers", bootstrap))
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """ENHYDRA_* variables no setting reads, each with the closest known name (typos).
+
+    Variables of tools around the runtime (the cache, the broker dir, tests) are not settings
+    but are known too.
+    """
+    env = os.environ if env is None else env
+    known = set(Settings.names()) | OTHER_VARIABLES
+    found = []
+    for name in sorted(env):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            found.append((name, close[0] if close else None))
+    return found
+
+
+# ENHYDRA_* variables read outside Settings: by the CLI, the dev broker, tests and benchmarks.
+OTHER_VARIABLES = {
+    "ENHYDRA_CACHE_DIR",
+    "ENHYDRA_BROKER_DIR",
+    "ENHYDRA_TEST_BOOTSTRAP",
+    "ENHYDRA_UPDATE_DOCS",
+    "ENHYDRA_QUERY_URL",
+}

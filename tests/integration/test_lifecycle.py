@@ -14,12 +14,12 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.testing.processes import (
     ServiceProcess,
     service_env,
     wait_for_committed,
 )
-from enhydra.topics import TopicSpec, ensure_topics
 from ledger.workload import generate, model
 from tests.integration.ledger_support import produce_in_chunks, read_accounts
 

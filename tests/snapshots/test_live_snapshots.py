@@ -48,18 +48,21 @@ def test_snapshot_under_load_equals_a_replay_of_the_commands_before_the_cut(
     instances = [service_factory(TARGET, n, extra_env=env) for n in ("a", "b")]
     for inst in instances:
         inst.wait_ready()
-    commands = generate(600, 12000, seed=81)
-    feed(kafka_bootstrap, app_id, commands[:4000])
+    pool = generate(600, 40000, seed=81)
+    feed(kafka_bootstrap, app_id, pool[:4000])
 
     stop = threading.Event()
+    sent = [4000]
 
     def keep_sending() -> None:
-        for start in range(4000, len(commands), 500):
+        """Commands keep arriving until the snapshot is done, however long it takes."""
+        for start in range(4000, len(pool), 500):
             if stop.is_set():
                 return
             asyncio.run(
-                produce_json(kafka_bootstrap, f"{app_id}-commands", commands[start : start + 500])
+                produce_json(kafka_bootstrap, f"{app_id}-commands", pool[start : start + 500])
             )
+            sent[0] = start + 500
             time.sleep(0.1)
 
     sender = threading.Thread(target=keep_sending)
@@ -68,7 +71,9 @@ def test_snapshot_under_load_equals_a_replay_of_the_commands_before_the_cut(
         time.sleep(0.5)
         info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     finally:
+        stop.set()
         sender.join()
+    commands = pool[: sent[0]]
     snap = open_snapshot(storage / info["id"])
     cut = snap.manifest.cut.offsets
     total = sum(cut.values())

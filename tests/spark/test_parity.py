@@ -228,7 +228,7 @@ def test_a_new_version_cloned_from_the_spark_snapshot_continues_from_the_cut(
     )
     snap = open_snapshot(tmp_path / "snap")
     v2 = f"{app_id}-v2"
-    result = asyncio.run(clone(snap, bootstrap=ledger_run.bootstrap, to_app=v2))
+    result = asyncio.run(clone(snap, conn=ledger_run.bootstrap, to_app=v2))
     assert result.resumes_at_cut and result.offsets == snap.cut.offsets
 
     later = generate(2000, 3000, seed=24)[1900:]  # deposits/withdrawals on existing accounts

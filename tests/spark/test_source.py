@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.spark.source import (
     FORMAT,
     SourceError,
@@ -15,7 +16,6 @@ from enhydra.spark.source import (
     resolve_ranges,
     split_ranges,
 )
-from enhydra.topics import TopicSpec, ensure_topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

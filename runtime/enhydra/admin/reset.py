@@ -17,20 +17,18 @@ The plan is computed from facts about the cluster by a pure function (`plan_rese
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import shutil
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka import TopicPartition
 
-from enhydra.topics import TopicSpec, partition_counts
+from enhydra.kafka.clients import as_connection, open_admin, open_consumer
+from enhydra.kafka.groups import commit_offsets, consumer_groups, group_members
+from enhydra.kafka.topics import TopicError, TopicSpec, partition_counts, recreate_topics
+from enhydra.settings import Connection
 
 
 class ResetError(RuntimeError):
@@ -231,18 +229,8 @@ def plan_reset(
 # --------------------------------------------------------------------------- I/O
 
 
-async def _members(admin: AIOKafkaAdminClient, group: str) -> list[str]:
-    # One group per request: aiokafka 0.14 misdecodes several groups' v3 answers at once.
-    responses = await admin.describe_consumer_groups([group])
-    members: list[str] = []
-    for response in responses:
-        for described in response.groups:
-            members.extend(member[1] for member in described[5])
-    return members
-
-
 async def gather_facts(
-    bootstrap: str,
+    conn: Connection | str,
     app_id: str,
     point: ResetPoint,
     *,
@@ -252,22 +240,17 @@ async def gather_facts(
     """Read topics, group members and offsets: everything `plan_reset` needs."""
     commands = commands_topic or f"{app_id}-commands"
     events = events_topic or f"{app_id}-events"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="enhydra-reset")
-    await admin.start()
-    try:
+    conn = as_connection(conn)
+    async with open_admin(conn, client_id="enhydra-reset") as admin:
         names = [t for t in await admin.list_topics() if not t.startswith("__")]
         topics = await partition_counts(admin, names) if names else {}
-        groups = [g for g, _ in await admin.list_consumer_groups()]
+        groups = await consumer_groups(admin)
         projection_groups = [g for g in groups if g.startswith(f"{app_id}-projection-")]
-        members = {g: await _members(admin, g) for g in [app_id, *projection_groups]}
-    finally:
-        await admin.close()
+        members = {g: await group_members(admin, g) for g in [app_id, *projection_groups]}
     facts = ClusterFacts(topics, members, projection_groups, {}, {})
     if commands not in topics:
         return facts
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
+    async with open_consumer(conn) as consumer:
         tps = [TopicPartition(commands, p) for p in range(topics[commands])]
         facts.beginning = {
             tp.partition: o for tp, o in (await consumer.beginning_offsets(tps)).items()
@@ -281,56 +264,18 @@ async def gather_facts(
             facts.events_end = {
                 tp.partition: o for tp, o in (await consumer.end_offsets(etps)).items()
             }
-    finally:
-        await consumer.stop()
     return facts
 
 
-async def _commit(bootstrap: str, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-    """Commit offsets for a group with no members (a 'simple' commit: no join)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tps = {TopicPartition(topic, p): o for p, o in offsets.items()}
-        consumer.assign(list(tps))
-        await consumer.commit(tps)
-    finally:
-        await consumer.stop()
-
-
-async def _recreate(bootstrap: str, specs: list[TopicSpec], timeout: float = 60.0) -> None:
-    if not specs:
-        return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="enhydra-reset")
-    await admin.start()
-    try:
-        names = [s.name for s in specs]
-        with contextlib.suppress(UnknownTopicOrPartitionError):
-            await admin.delete_topics(names)
-        deadline = time.monotonic() + timeout
-        while set(names) & set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise ResetError(f"topics {names} were not deleted within {timeout:.0f}s")
-            await asyncio.sleep(0.3)
-        while True:
-            try:
-                await admin.create_topics([s.new_topic() for s in specs])
-                return
-            except TopicAlreadyExistsError:  # deletion still settling on the controller
-                if time.monotonic() > deadline:
-                    raise ResetError(f"topics {names} could not be recreated") from None
-                await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
-
-
-async def apply_reset(bootstrap: str, plan: ResetPlan) -> None:
+async def apply_reset(conn: Connection | str, plan: ResetPlan) -> None:
     """Do what the plan says, in the order that keeps a half-done reset safe to repeat."""
-    await _commit(bootstrap, plan.group, plan.commands_topic, plan.offsets)
+    conn = as_connection(conn)
+    await commit_offsets(conn, plan.group, plan.commands_topic, plan.offsets)
     for group in plan.projection_groups:
-        await _commit(bootstrap, group, plan.events_topic, plan.events_offsets)
-    await _recreate(bootstrap, plan.recreate)
+        await commit_offsets(conn, group, plan.events_topic, plan.events_offsets)
+    try:
+        await recreate_topics(conn, plan.recreate)
+    except TopicError as exc:
+        raise ResetError(str(exc)) from exc
     if plan.state_dir is not None:
         shutil.rmtree(plan.state_dir, ignore_errors=True)

@@ -30,6 +30,14 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from enhydra.broker.security import (
+    SecurityFiles,
+    ensure_certificates,
+    ensure_passwords,
+    listener_properties,
+    scram_format_args,
+)
+
 KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.24.3"
 # Pinned explicitly: without it Maven resolves slf4j-api 1.7 through Kafka and logging goes NOP.
@@ -65,6 +73,13 @@ class BrokerInfo:
     port: int
     pid: int
     data_dir: Path
+    # With security: the SASL_SSL and mutual-TLS listeners (see broker/security.py).
+    sasl_ssl_bootstrap: str | None = None
+    ssl_bootstrap: str | None = None
+
+    @property
+    def security_files(self) -> SecurityFiles:
+        return SecurityFiles(self.data_dir)
 
 
 @dataclass
@@ -76,6 +91,9 @@ class BrokerState:
     cluster_id: str
     pid: int | None = None
     version: str = KAFKA_VERSION
+    sasl_ssl_port: int | None = None
+    ssl_port: int | None = None
+    scram_users: bool = False  # SCRAM users were created when the storage was formatted
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -86,12 +104,20 @@ class BrokerState:
         if not isinstance(raw, dict):
             raise ValueError(f"{STATE_FILE} must hold a JSON object")
         pid = raw.get("pid")
+
+        def port(name: str) -> int | None:
+            value = raw.get(name)
+            return int(value) if value is not None else None
+
         return cls(
             port=int(raw["port"]),
             controller_port=int(raw["controller_port"]),
             cluster_id=str(raw["cluster_id"]),
             pid=int(pid) if pid is not None else None,
             version=str(raw.get("version", KAFKA_VERSION)),
+            sasl_ssl_port=port("sasl_ssl_port"),
+            ssl_port=port("ssl_port"),
+            scram_users=bool(raw.get("scram_users", False)),
         )
 
 
@@ -331,16 +357,26 @@ def broker_properties(
     port: int,
     controller_port: int,
     overrides: Mapping[str, str] | None = None,
+    *,
+    secured_ports: tuple[int, int] | None = None,
 ) -> dict[str, str]:
-    """server.properties for one node acting as broker and controller on 127.0.0.1."""
+    """server.properties for one node acting as broker and controller on 127.0.0.1.
+
+    `secured_ports` (sasl_ssl, ssl) adds the secured listeners of broker/security.py.
+    """
+    listeners = [f"PLAINTEXT://{HOST}:{port}"]
+    protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    if secured_ports is not None:
+        listeners += [f"SASL_SSL://{HOST}:{secured_ports[0]}", f"SSL://{HOST}:{secured_ports[1]}"]
+        protocols += ["SASL_SSL:SASL_SSL", "SSL:SSL"]
     props = {
         "process.roles": "broker,controller",
         "node.id": str(NODE_ID),
         "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "listeners": ",".join([*listeners, f"CONTROLLER://{HOST}:{controller_port}"]),
+        "advertised.listeners": ",".join(listeners),
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": ",".join(protocols),
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir / LOG_DIRS),
         "num.partitions": "1",
@@ -366,6 +402,8 @@ def broker_properties(
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",
     }
+    if secured_ports is not None:
+        props.update(listener_properties(SecurityFiles(data_dir), *secured_ports, host=HOST))
     for key, value in (overrides or {}).items():
         props[str(key)] = str(value)
     return props
@@ -550,19 +588,15 @@ def _kafka_metadata_ok(bootstrap: str, timeout: float) -> bool:
 
     Runs on its own thread and event loop so `start()` also works inside a running loop.
     """
-    from aiokafka.client import AIOKafkaClient
+    from enhydra.kafka.clients import check_access
+    from enhydra.kafka.errors import KafkaAccessError
+    from enhydra.settings import Connection
 
     async def probe() -> bool:
-        client = AIOKafkaClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout * 1000))
-        )
         try:
-            await asyncio.wait_for(client.bootstrap(), timeout)
-            return bool(client.cluster.brokers())
-        except Exception:
+            return await check_access(Connection.plain(bootstrap), timeout=timeout) > 0
+        except (KafkaAccessError, TimeoutError):
             return False
-        finally:
-            await client.close()
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enhydra-broker-probe") as pool:
         return pool.submit(lambda: asyncio.run(probe())).result()
@@ -599,9 +633,13 @@ class LocalBroker:
         port: int | None = None,
         *,
         overrides: dict[str, str] | None = None,
+        secured: bool = False,
     ) -> None:
         """`port=None`: the port this data dir used last, else 9092; `port=0`: any free port
-        (the previous one if still free, so restarts keep their bootstrap address)."""
+        (the previous one if still free, so restarts keep their bootstrap address).
+
+        `secured`: also open the SASL_SSL and mutual-TLS listeners (broker/security.py).
+        """
         self.data_dir = (
             Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         ).resolve()
@@ -609,6 +647,7 @@ class LocalBroker:
             raise BrokerError(f"invalid port {port}")
         self.port = port
         self.overrides = dict(overrides or {})
+        self.secured = secured
 
     @property
     def properties_path(self) -> Path:
@@ -624,7 +663,12 @@ class LocalBroker:
 
     def _info(self, state: BrokerState, pid: int) -> BrokerInfo:
         return BrokerInfo(
-            bootstrap=f"{HOST}:{state.port}", port=state.port, pid=pid, data_dir=self.data_dir
+            bootstrap=f"{HOST}:{state.port}",
+            port=state.port,
+            pid=pid,
+            data_dir=self.data_dir,
+            sasl_ssl_bootstrap=f"{HOST}:{state.sasl_ssl_port}" if state.sasl_ssl_port else None,
+            ssl_bootstrap=f"{HOST}:{state.ssl_port}" if state.ssl_port else None,
         )
 
     # ---- queries
@@ -655,6 +699,12 @@ class LocalBroker:
                         f"a broker is already running from {self.data_dir} on port "
                         f"{running.port} (pid {running.pid}); stop it first to use port "
                         f"{self.port}"
+                    )
+                if self.secured and running.sasl_ssl_bootstrap is None:
+                    raise BrokerError(
+                        f"the broker running from {self.data_dir} (pid {running.pid}) has no "
+                        "secured listeners; stop it first (enhydra kafka stop), then start it "
+                        "again with --security"
                     )
                 self._wait_ready(running, deadline, timeout, spawned=False, log_offsets=(0, 0))
                 return running
@@ -716,8 +766,26 @@ class LocalBroker:
         meta = self.data_dir / LOG_DIRS / "meta.properties"
         formatted_id = _read_meta_cluster_id(meta)
         cluster_id = formatted_id or (previous.cluster_id if previous else None) or new_cluster_id()
-        state = BrokerState(port=port, controller_port=controller_port, cluster_id=cluster_id)
-        props = broker_properties(self.data_dir, port, controller_port, self.overrides)
+        scram_users = formatted_id is None or bool(previous and previous.scram_users)
+        state = BrokerState(
+            port=port, controller_port=controller_port, cluster_id=cluster_id,
+            scram_users=scram_users,
+        )  # fmt: skip
+        files = SecurityFiles(self.data_dir)
+        passwords = ensure_passwords(files)
+        secured_ports = None
+        if self.secured:
+            if not scram_users:
+                raise BrokerError(
+                    f"the broker storage in {self.data_dir} was formatted without SCRAM users, "
+                    "so SASL_SSL cannot work there; use another --data-dir for a secured broker"
+                )
+            ensure_certificates(files)
+            secured_ports = self._secured_ports(previous, {port, controller_port})
+            state.sasl_ssl_port, state.ssl_port = secured_ports
+        props = broker_properties(
+            self.data_dir, port, controller_port, self.overrides, secured_ports=secured_ports
+        )
         header = f"Generated by enhydra for Apache Kafka {KAFKA_VERSION}; rewritten on each start."
         _write_atomic(self.properties_path, render_properties(props, header))
         _write_atomic(
@@ -725,14 +793,26 @@ class LocalBroker:
         )
         write_state(self.data_dir, state)
         if formatted_id is None:
-            self._format(java, classpath, cluster_id)
+            self._format(java, classpath, cluster_id, scram_format_args(passwords))
         return state
 
-    def _format(self, java: str, classpath: str, cluster_id: str) -> None:
+    def _secured_ports(self, previous: BrokerState | None, taken: set[int]) -> tuple[int, int]:
+        """The SASL_SSL and SSL ports: those of the last start when still free, else new ones."""
+        chosen = []
+        for last in (previous.sasl_ssl_port, previous.ssl_port) if previous else (None, None):
+            if last and last not in taken and _port_free(last):
+                port = last
+            else:
+                port = free_port(exclude=taken)
+            taken.add(port)
+            chosen.append(port)
+        return chosen[0], chosen[1]
+
+    def _format(self, java: str, classpath: str, cluster_id: str, extra: list[str]) -> None:
         command = [
             java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_FILE}",
             "-cp", classpath, "kafka.tools.StorageTool", "format",
-            "-t", cluster_id, "-c", str(self.properties_path), "--ignore-formatted",
+            "-t", cluster_id, "-c", str(self.properties_path), "--ignore-formatted", *extra,
         ]  # fmt: skip
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)

@@ -8,6 +8,7 @@ import json
 
 import click
 
+from enhydra.cli.common import kafka_options
 from enhydra.errors.dlq import Selection, dlq_topic_name, format_table
 from enhydra.errors.dlq_client import DlqError, read_dead_letters, replay
 
@@ -41,12 +42,7 @@ def _selection(opts: dict) -> Selection:
 def _common(fn):
     options = [
         click.option("--app", "app_id", required=True, help="Application id (topic prefix)."),
-        click.option(
-            "--bootstrap",
-            default="127.0.0.1:9092",
-            show_default=True,
-            envvar="ENHYDRA_BOOTSTRAP_SERVERS",
-        ),
+        kafka_options,
         click.option("--topic", help="DLQ topic, if not <app>-dlq."),
         click.option("--error-class", help="Only this error class (e.g. InvalidCommand)."),
         click.option("--stage", type=click.Choice(["deserialize", "process", "produce"])),
@@ -64,7 +60,7 @@ def _common(fn):
 def _load(opts: dict):
     topic = opts["topic"] or dlq_topic_name(opts["app_id"])
     try:
-        letters = asyncio.run(read_dead_letters(opts["bootstrap"], topic))
+        letters = asyncio.run(read_dead_letters(opts["conn"], topic))
     except DlqError as exc:
         raise click.ClickException(str(exc)) from exc
     return topic, _selection(opts).select(letters)
@@ -122,7 +118,7 @@ def replay_(to_topic: str | None, dry_run: bool, **opts: object) -> None:
     with click.progressbar(length=len(letters), label="replaying", file=None) as bar:
         try:
             sent = asyncio.run(
-                replay(opts["bootstrap"], topic, letters, to_topic=to_topic, progress=bar.update)
+                replay(opts["conn"], topic, letters, to_topic=to_topic, progress=bar.update)
             )
         except DlqError as exc:
             raise click.ClickException(str(exc)) from exc

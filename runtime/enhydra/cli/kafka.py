@@ -16,9 +16,11 @@ from enhydra.broker.local import (
     DEFAULT_PORT,
     KAFKA_VERSION,
     BrokerError,
+    BrokerInfo,
     LocalBroker,
     kafka_classpath,
 )
+from enhydra.broker.security import ADMIN_USER
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -60,9 +62,26 @@ def kafka() -> None:
     show_default=True,
     help="Seconds to wait for the broker to answer.",
 )
-def start(port: int | None, data_dir: Path | None, timeout: float) -> None:
-    """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`."""
-    broker = LocalBroker(data_dir, port)
+@click.option(
+    "--security",
+    type=click.Choice(["sasl_ssl", "ssl"]),
+    default=None,
+    help="Also open a secured listener and print its settings: sasl_ssl (SCRAM-SHA-512 over "
+    "TLS) or ssl (mutual TLS with a client certificate).",
+)
+@click.option("--env", "as_env", is_flag=True, help="Print the settings as ENHYDRA_*= lines.")
+def start(
+    port: int | None, data_dir: Path | None, timeout: float, security: str | None, as_env: bool
+) -> None:
+    """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`.
+
+    \b
+    Examples:
+      enhydra kafka start
+      enhydra kafka start --security sasl_ssl
+      eval "$(enhydra kafka start --security ssl --env)"
+    """
+    broker = LocalBroker(data_dir, port, secured=security is not None)
     try:
         running = broker.status()
         if running is None:
@@ -74,7 +93,36 @@ def start(port: int | None, data_dir: Path | None, timeout: float) -> None:
         _note(f"reusing the running broker (pid {info.pid}, data in {info.data_dir})")
     else:
         _note(f"Kafka is ready (pid {info.pid}); logs in {broker.server_log}")
-    click.echo(f"bootstrap={info.bootstrap}")
+    settings = client_settings(info, security)
+    for name, value in settings.items():
+        if as_env:
+            setting = "bootstrap_servers" if name == "bootstrap" else name
+            click.echo(f"ENHYDRA_{setting.upper()}={value}")
+        else:
+            click.echo(f"{name}={value}")
+
+
+def client_settings(info: BrokerInfo, security: str | None) -> dict[str, str]:
+    """What a client needs for the chosen listener (the password as a file, never its value)."""
+    files = info.security_files
+    if security == "sasl_ssl":
+        return {
+            "bootstrap": str(info.sasl_ssl_bootstrap),
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": ADMIN_USER,
+            "sasl_password_file": str(files.password_file(ADMIN_USER)),
+            "ssl_cafile": str(files.ca),
+        }
+    if security == "ssl":
+        return {
+            "bootstrap": str(info.ssl_bootstrap),
+            "security_protocol": "SSL",
+            "ssl_cafile": str(files.ca),
+            "ssl_certfile": str(files.client_cert),
+            "ssl_keyfile": str(files.client_key),
+        }
+    return {"bootstrap": info.bootstrap}
 
 
 @kafka.command("stop")

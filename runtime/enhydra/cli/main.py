@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from enhydra.cli.backfill import backfill
+from enhydra.cli.common import PlainGroup
 from enhydra.cli.dlq import dlq
 from enhydra.cli.generate import generate
 from enhydra.cli.image import image
@@ -17,7 +18,7 @@ from enhydra.cli.snapshot import snapshot
 from enhydra.cli.topology import topology
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PlainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="enhydra")
 def main() -> None:
     """Enhydra: event-sourced microservices on Kafka."""

@@ -16,13 +16,13 @@ from enhydra.admin.reset import (
     parse_offsets,
     plan_reset,
 )
+from enhydra.cli.common import kafka_options
+from enhydra.settings import Connection
 
 
 @click.command()
 @click.option("--app", "app_id", required=True, help="Application id (group id, topic prefix).")
-@click.option(
-    "--bootstrap", default="127.0.0.1:9092", show_default=True, envvar="ENHYDRA_BOOTSTRAP_SERVERS"
-)
+@kafka_options
 @click.option("--to-earliest", "earliest", is_flag=True, help="Reprocess everything (default).")
 @click.option("--to-datetime", help="From the first command at or after this time (ISO 8601).")
 @click.option("--to-offsets", help="From a snapshot's cut: partition=offset,... for every one.")
@@ -38,7 +38,7 @@ from enhydra.admin.reset import (
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def reset(
     app_id: str,
-    bootstrap: str,
+    conn: Connection,
     earliest: bool,
     to_datetime: str | None,
     to_offsets: str | None,
@@ -70,7 +70,7 @@ def reset(
             point = ResetPoint("earliest")
         facts = asyncio.run(
             gather_facts(
-                bootstrap, app_id, point, commands_topic=commands_topic, events_topic=events_topic
+                conn, app_id, point, commands_topic=commands_topic, events_topic=events_topic
             )
         )
         plan = plan_reset(
@@ -92,7 +92,7 @@ def reset(
     if not yes:
         click.confirm("reset now?", abort=True)
     try:
-        asyncio.run(apply_reset(bootstrap, plan))
+        asyncio.run(apply_reset(conn, plan))
     except ResetError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"reset done: start {app_id} to reprocess from {point.describe()}")

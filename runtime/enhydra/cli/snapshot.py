@@ -9,15 +9,15 @@ from pathlib import Path
 
 import click
 
+from enhydra.cli.common import kafka_options
 from enhydra.cli.run import load_service
 from enhydra.processing.core import decode_entry
+from enhydra.settings import Connection
 from enhydra.snapshots.format import SnapshotError, open_snapshot, topology_fingerprint
 from enhydra.snapshots.offline import clone, request_snapshot, restore, snapshot_at
 from enhydra.snapshots.storage import open_snapshot_at, open_storage
 
-BOOTSTRAP = click.option(
-    "--bootstrap", default="127.0.0.1:9092", show_default=True, envvar="ENHYDRA_BOOTSTRAP_SERVERS"
-)
+BOOTSTRAP = kafka_options
 STORAGE = click.option(
     "--storage",
     envvar="ENHYDRA_SNAPSHOT_STORAGE",
@@ -61,7 +61,7 @@ def snapshot() -> None:
 @BOOTSTRAP
 @STORAGE
 @click.option("--timeout", default=300.0, show_default=True)
-def create(app_id: str, bootstrap: str, storage: str, timeout: float) -> None:
+def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
     """Ask the running application for a consistent snapshot and wait for it."""
     with click.progressbar(length=0, label="partitions written", show_pos=True) as bar:
 
@@ -71,7 +71,7 @@ def create(app_id: str, bootstrap: str, storage: str, timeout: float) -> None:
 
         try:
             done = asyncio.run(
-                request_snapshot(bootstrap, app_id, storage, timeout=timeout, progress=progress)
+                request_snapshot(conn, app_id, storage, timeout=timeout, progress=progress)
             )
         except SnapshotError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -134,7 +134,7 @@ def clone_(
     commands_topic: str | None,
     service: str | None,
     force: bool,
-    bootstrap: str,
+    conn: Connection,
 ) -> None:
     """Start a new application from a snapshot (pre-deploy tests, blue/green)."""
     snap = _open(location, service=service, force=force)
@@ -143,7 +143,7 @@ def clone_(
             result = asyncio.run(
                 clone(
                     snap,
-                    bootstrap=bootstrap,
+                    conn=conn,
                     to_app=to_app,
                     commands_topic=commands_topic,
                     progress=bar.update,
@@ -167,7 +167,7 @@ def clone_(
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @BOOTSTRAP
 def restore_(
-    location: str, app_id: str, service: str | None, force: bool, yes: bool, bootstrap: str
+    location: str, app_id: str, service: str | None, force: bool, yes: bool, conn: Connection
 ) -> None:
     """Bring an application back to a snapshot (its instances stopped; wipe their state dirs)."""
     snap = _open(location, service=service, force=force)
@@ -179,9 +179,7 @@ def restore_(
         )
     with _bar("restoring state", snap.manifest.rows) as bar:
         try:
-            result = asyncio.run(
-                restore(snap, bootstrap=bootstrap, app_id=app_id, progress=bar.update)
-            )
+            result = asyncio.run(restore(snap, conn=conn, app_id=app_id, progress=bar.update))
         except SnapshotError as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(
@@ -196,7 +194,7 @@ def restore_(
 @click.option("--time", "when", required=True, help="ISO time, e.g. 2026-11-22T10:00:00Z.")
 @click.option("--output", type=click.Path(path_type=Path), required=True)
 @BOOTSTRAP
-def at(target: str, app_id: str | None, when: str, output: Path, bootstrap: str) -> None:
+def at(target: str, app_id: str | None, when: str, output: Path, conn: Connection) -> None:
     """Build the snapshot as of a time by replaying the events topic through `apply`."""
     try:
         until = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
@@ -212,7 +210,7 @@ def at(target: str, app_id: str | None, when: str, output: Path, bootstrap: str)
             manifest = asyncio.run(
                 snapshot_at(
                     bound,
-                    bootstrap=bootstrap,
+                    conn=conn,
                     app_id=app,
                     until=until,
                     output=output,

@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
+from enhydra.kafka.clients import Consumer, Producer, close, new_consumer, new_producer, start
+from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import get_logger
-from enhydra.topics import TopicSpec
+from enhydra.settings import Connection
 
 log = get_logger("enhydra.control")
 
@@ -35,7 +37,7 @@ def control_topic_spec(app_id: str, replication_factor: int = 1) -> TopicSpec:
 class ControlChannel:
     def __init__(
         self,
-        bootstrap: str,
+        conn: Connection,
         app_id: str,
         instance_id: str,
         on_message: Callable[[dict[str, Any]], Awaitable[None]],
@@ -43,18 +45,16 @@ class ControlChannel:
         self.topic = control_topic_name(app_id)
         self.instance_id = instance_id
         self.on_message = on_message
-        self._bootstrap = bootstrap
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._conn = conn
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all")
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False
-        )
-        await self._consumer.start()
+        self._producer = new_producer(self._conn, acks="all")
+        await start(self._producer, self._conn)
+        self._consumer = new_consumer(self._conn)
+        await start(self._consumer, self._conn)
         tp = TopicPartition(self.topic, 0)
         self._consumer.assign([tp])
         await self._consumer.seek_to_end(tp)  # only what is said from now on concerns us
@@ -67,9 +67,9 @@ class ControlChannel:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._consumer is not None:
-            await self._consumer.stop()
+            await close(self._consumer)
         if self._producer is not None:
-            await self._producer.stop()
+            await close(self._producer)
 
     async def send(self, kind: str, **fields: Any) -> None:
         assert self._producer is not None

@@ -16,6 +16,8 @@ from enhydra.errors.policies import UncaughtPolicy
 
 EXIT_SHUTDOWN_CLIENT = 1
 EXIT_SHUTDOWN_APPLICATION = 2
+# Could not start: a bad setting, or Kafka unreachable, refusing the credentials or the access.
+EXIT_CANNOT_START = 3
 
 
 @dataclass

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import murmur2
 
@@ -34,6 +34,10 @@ from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport
 from enhydra.control.channel import control_topic_spec
 from enhydra.errors.dlq import dead_letter_headers
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
+from enhydra.kafka.clients import Consumer, new_consumer, start
+from enhydra.kafka.errors import transient
+from enhydra.kafka.groups import request_rejoin
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
 from enhydra.processing.core import Entry, Failure, decode_entry, process_batch
@@ -50,7 +54,6 @@ from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
 from enhydra.stores.partition import configure_memory as configure_store_memory
-from enhydra.topics import TopicSpec, ensure_topics
 
 log = get_logger("enhydra.engine")
 
@@ -139,7 +142,7 @@ class Engine:
         self._pending_commit: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
         self._background: list[asyncio.Task[None]] = []
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: Consumer | None = None
         # Kafka clients need the running loop: they are created in start().
         self._output: AtLeastOnceOutput | ExactlyOnceOutput
         self._reader: ChangelogReader
@@ -170,7 +173,7 @@ class Engine:
     async def start(self) -> None:
         s = self.settings
         configure_store_memory(s.store_memory_mb)
-        await ensure_topics(s.bootstrap_servers, self.topic_specs(), client_id=s.instance_id)
+        await ensure_topics(s.connection, self.topic_specs(), client_id=s.instance_id)
         self._scan_local_stores()
         self._output = make_output(s, self.aggregate)
         self._reader = ChangelogReader(s, self.aggregate.changelog_topic, self._on_restored)
@@ -182,8 +185,8 @@ class Engine:
             self._report,
             self._on_assignment,
         )
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap_servers,
+        self._consumer = new_consumer(
+            s.connection,
             group_id=s.app_id,
             client_id=s.instance_id,
             enable_auto_commit=False,
@@ -197,7 +200,7 @@ class Engine:
             partition_assignment_strategy=(assignor,),
         )
         self._consumer.subscribe([self.aggregate.commands_topic], listener=ForwardingListener(self))
-        await self._consumer.start()
+        await start(self._consumer, s.connection, doing=f"join the group {s.app_id}")
         self._background = [
             asyncio.create_task(self._run(), name="enhydra-processing"),
             asyncio.create_task(self._probe(), name="enhydra-probing"),
@@ -236,7 +239,8 @@ class Engine:
         for task in self.tasks.values():
             task.store.close()
         self.tasks.clear()
-        log.info("engine stopped", **self.stats)
+        if self._consumer is not None:
+            log.info("engine stopped", **self.stats)
 
     def _scan_local_stores(self) -> None:
         """Checkpoints of store copies left on disk by earlier runs: reported as lags."""
@@ -415,8 +419,7 @@ class Engine:
 
     def _request_rebalance(self) -> None:
         if self._consumer is not None:
-            # aiokafka has no public "enforce rebalance"; re-joining is what it does inside.
-            self._consumer._coordinator.request_rejoin()
+            request_rejoin(self._consumer)
 
     # queries ---------------------------------------------------------------------------------
     @property
@@ -678,7 +681,7 @@ class Engine:
             try:
                 return await call(*args)
             except KafkaError as exc:
-                if not getattr(exc, "retriable", False) or time.monotonic() + backoff > deadline:
+                if not transient(exc) or time.monotonic() + backoff > deadline:
                     raise
                 log.warning(f"{what} timed out; retrying", error=repr(exc), backoff_s=backoff)
                 await asyncio.sleep(backoff)

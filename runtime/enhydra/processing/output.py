@@ -16,10 +16,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from enhydra.aggregate import BoundAggregate, dumps
+from enhydra.kafka.clients import Producer, close, new_producer, start
 from enhydra.logs import get_logger
 from enhydra.processing.core import BatchResult, encode_entry
 from enhydra.settings import Settings
@@ -88,7 +89,7 @@ def changelog_puts(result: BatchResult) -> list[tuple[bytes, bytes]]:
     return [(k.encode("utf-8"), encode_entry(e)) for k, e in result.changed.items()]
 
 
-async def warm_up(producer: AIOKafkaProducer, agg: BoundAggregate) -> None:
+async def warm_up(producer: Producer, agg: BoundAggregate) -> None:
     """Learn where the output topics' partitions live now, not while the first batch waits."""
     for topic in (agg.events_topic, agg.rejections_topic, agg.changelog_topic):
         await producer.partitions_for(topic)
@@ -96,7 +97,6 @@ async def warm_up(producer: AIOKafkaProducer, agg: BoundAggregate) -> None:
 
 def _producer_options(settings: Settings) -> dict:
     return {
-        "bootstrap_servers": settings.bootstrap_servers,
         "acks": "all",
         "enable_idempotence": True,
         "linger_ms": settings.producer_linger_ms,
@@ -107,16 +107,19 @@ def _producer_options(settings: Settings) -> dict:
 class AtLeastOnceOutput:
     def __init__(self, settings: Settings, agg: BoundAggregate) -> None:
         self.agg = agg
-        self._producer = AIOKafkaProducer(
-            client_id=f"{settings.instance_id}-producer", **_producer_options(settings)
+        self.settings = settings
+        self._producer = new_producer(
+            settings.connection,
+            client_id=f"{settings.instance_id}-producer",
+            **_producer_options(settings),
         )
 
     async def start(self) -> None:
-        await self._producer.start()
+        await start(self._producer, self.settings.connection)
         await warm_up(self._producer, self.agg)
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        await close(self._producer)
 
     async def open_task(self, partition: int) -> None:
         """Nothing per task: one producer serves them all."""
@@ -152,7 +155,7 @@ class AtLeastOnceOutput:
 
 
 async def send_in_batches(
-    producer: AIOKafkaProducer, records: dict[tuple[str, int], list[Out]]
+    producer: Producer, records: dict[tuple[str, int], list[Out]]
 ) -> list[tuple[tuple[str, int], asyncio.Future]]:
     """Send records grouped per topic-partition as whole record batches.
 
@@ -199,7 +202,7 @@ class ExactlyOnceOutput:
     def __init__(self, settings: Settings, agg: BoundAggregate) -> None:
         self.settings = settings
         self.agg = agg
-        self._producers: dict[int, AIOKafkaProducer] = {}
+        self._producers: dict[int, Producer] = {}
 
     async def start(self) -> None:
         """Producers are per task; they start when a task becomes active."""
@@ -212,19 +215,20 @@ class ExactlyOnceOutput:
         """Initialising the task's transactional id fences any previous owner of it."""
         if partition in self._producers:
             return
-        producer = AIOKafkaProducer(
+        producer = new_producer(
+            self.settings.connection,
             client_id=f"{self.settings.instance_id}-p{partition}",
             transactional_id=f"{self.settings.app_id}-task-{partition}",
             **_producer_options(self.settings),
         )
-        await producer.start()
+        await start(producer, self.settings.connection, doing="start a transactional producer")
         await warm_up(producer, self.agg)
         self._producers[partition] = producer
 
     async def close_task(self, partition: int) -> None:
         producer = self._producers.pop(partition, None)
         if producer is not None:
-            await producer.stop()
+            await close(producer)
 
     @property
     def commits_offsets(self) -> bool:

@@ -14,9 +14,11 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from enhydra.kafka.clients import Consumer, Producer, close, new_consumer, new_producer, start
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.processing.core import Entry
 from enhydra.processing.engine import Lookup, LookupStatus, TaskStatus, partition_for
@@ -33,7 +35,6 @@ from enhydra.projections.model import (
 from enhydra.settings import Settings
 from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
-from enhydra.topics import TopicSpec, ensure_topics
 
 log = get_logger("enhydra.projection")
 
@@ -75,8 +76,8 @@ class ProjectionEngine:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
         self._reader: ChangelogReader | None = None
 
     def topic_specs(self) -> list[TopicSpec]:
@@ -89,19 +90,19 @@ class ProjectionEngine:
     async def start(self) -> None:
         s = self.settings
         client = f"{s.instance_id}-{self.name}"
-        await ensure_topics(s.bootstrap_servers, self.topic_specs(), client_id=client)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.bootstrap_servers,
+        await ensure_topics(s.connection, self.topic_specs(), client_id=client)
+        self._producer = new_producer(
+            s.connection,
             client_id=client,
             acks="all",
             enable_idempotence=True,
             linger_ms=s.producer_linger_ms,
         )
-        await self._producer.start()
+        await start(self._producer, s.connection)
         self._reader = ChangelogReader(s, self.changelog_topic, self._on_restored)
         await self._reader.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap_servers,
+        self._consumer = new_consumer(
+            s.connection,
             group_id=self.group_id,
             client_id=client,
             enable_auto_commit=False,
@@ -114,7 +115,7 @@ class ProjectionEngine:
             fetch_max_wait_ms=100,
         )
         self._consumer.subscribe([self.events_topic], listener=ForwardingListener(self))
-        await self._consumer.start()
+        await start(self._consumer, s.connection, doing=f"join the group {self.group_id}")
         self._task = asyncio.create_task(self._run(), name=f"enhydra-projection-{self.name}")
         log.info(
             "projection started",
@@ -138,9 +139,9 @@ class ProjectionEngine:
         if self._reader is not None:
             await self._reader.stop()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await close(self._consumer)
         if self._producer is not None:
-            await self._producer.stop()
+            await close(self._producer)
         for task in self.tasks.values():
             task.store.close()
         self.tasks.clear()

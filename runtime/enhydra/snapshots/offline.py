@@ -21,14 +21,16 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
 from enhydra.control.channel import control_topic_name
+from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
+from enhydra.kafka.groups import commit_offsets, group_members
+from enhydra.kafka.reading import TopicMissing, end_offsets, partitions_of, read_to_end
+from enhydra.kafka.topics import TopicError, TopicSpec, ensure_topics, recreate_topics
 from enhydra.processing.core import decode_entry, encode_entry
+from enhydra.settings import Connection
 from enhydra.snapshots.format import (
     Cut,
     Manifest,
@@ -38,14 +40,13 @@ from enhydra.snapshots.format import (
     topology_fingerprint,
 )
 from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
-from enhydra.topics import TopicSpec, ensure_topics
 
 Progress = Callable[[int], None]  # advance by n
 
 
 # ---------------------------------------------------------------------------- live request
 async def request_snapshot(
-    bootstrap: str,
+    conn: Connection | str,
     app_id: str,
     storage: str,
     *,
@@ -55,13 +56,9 @@ async def request_snapshot(
     """Ask the running application for a snapshot; returns the coordinator's done message."""
     topic = control_topic_name(app_id)
     snapshot_id = new_snapshot_id(app_id)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await consumer.start()
-    await producer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        if not consumer.partitions_for_topic(topic):
+    conn = as_connection(conn)
+    async with open_consumer(conn) as consumer, open_producer(conn, acks="all") as producer:
+        if not await partitions_of(consumer, topic):
             raise SnapshotError(f"no control topic {topic!r}: is {app_id!r} running?")
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
@@ -96,9 +93,6 @@ async def request_snapshot(
                 await producer.send_and_wait(topic, orjson.dumps(message))
                 last_ask = time.monotonic()
         raise SnapshotError(f"no answer for snapshot {snapshot_id} within {timeout}s")
-    finally:
-        await consumer.stop()
-        await producer.stop()
 
 
 # ---------------------------------------------------------------------------- clone, restore
@@ -112,58 +106,28 @@ class CloneResult:
     resumes_at_cut: bool
 
 
-async def _group_members(admin: AIOKafkaAdminClient, group: str) -> int:
-    """Members of a consumer group (0 when it does not exist)."""
-    for attempt in range(40):  # a fresh broker needs a moment to elect group coordinators
-        try:
-            described = await admin.describe_consumer_groups([group])
-            break
-        except KafkaError as exc:
-            if not exc.retriable or attempt == 39:
-                raise
-            await asyncio.sleep(0.5)
-    for item in described:
-        groups = getattr(item, "groups", None)
-        if groups is None and isinstance(item, dict):
-            groups = item.get("groups")
-        for entry in groups or []:
-            members = entry[5] if isinstance(entry, tuple) else entry.get("members", [])
-            return len(members)
-    return 0
-
-
-async def _topic_is_empty(bootstrap: str, topic: str) -> bool:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        if not tps:
-            return True
-        ends = await consumer.end_offsets(tps)
-        return all(offset == 0 for offset in ends.values())
-    finally:
-        await consumer.stop()
+async def _refuse_running(conn: Connection, app_id: str) -> None:
+    async with open_admin(conn) as admin:
+        if await group_members(admin, app_id):
+            raise SnapshotError(f"application {app_id!r} has running instances: stop them first")
 
 
 async def _load_changelog(
-    bootstrap: str,
+    conn: Connection,
     snapshot: Snapshot,
     changelog: str,
     *,
     reset_offsets: bool,
     progress: Progress | None,
 ) -> int:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=20,
-        max_batch_size=512 * 1024,
-    )
-    await producer.start()
+    producer_settings = {
+        "acks": "all",
+        "enable_idempotence": True,
+        "linger_ms": 20,
+        "max_batch_size": 512 * 1024,
+    }
     rows = 0
-    try:
+    async with open_producer(conn, **producer_settings) as producer:
         futures = []
         for partition in sorted(snapshot.partitions):
             for key, value in snapshot.iter_partition(partition):
@@ -183,28 +147,13 @@ async def _load_changelog(
         await asyncio.gather(*futures)
         if progress is not None and futures:
             progress(len(futures))
-    finally:
-        await producer.stop()
     return rows
-
-
-async def _commit_group_offsets(bootstrap: str, group: str, topic: str, offsets: dict) -> None:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
-        consumer.assign(list(tps))
-        await consumer.commit(tps)
-    finally:
-        await consumer.stop()
 
 
 async def clone(
     snapshot: Snapshot,
     *,
-    bootstrap: str,
+    conn: Connection | str,
     to_app: str,
     commands_topic: str | None = None,
     progress: Progress | None = None,
@@ -216,66 +165,43 @@ async def clone(
     commands = commands_topic or source_topic
     same_input = commands == source_topic
     changelog = f"{to_app}-{manifest.store}-changelog"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        if await _group_members(admin, to_app):
-            raise SnapshotError(f"application {to_app!r} has running instances: stop them first")
-    finally:
-        await admin.close()
+    conn = as_connection(conn)
+    await _refuse_running(conn, to_app)
     specs = [TopicSpec(changelog, partitions, compacted=True)]
     if not same_input:
         specs.append(TopicSpec(commands, partitions))
-    await ensure_topics(bootstrap, specs)
-    if not await _topic_is_empty(bootstrap, changelog):
+    await ensure_topics(conn, specs)
+    if any((await end_offsets(conn, changelog)).values()):
         raise SnapshotError(f"{changelog} already holds records: clone into a new app id")
     rows = await _load_changelog(
-        bootstrap, snapshot, changelog, reset_offsets=not same_input, progress=progress
+        conn, snapshot, changelog, reset_offsets=not same_input, progress=progress
     )
     offsets = dict(manifest.cut.offsets) if same_input else {}
     if offsets:
-        await _commit_group_offsets(bootstrap, to_app, commands, offsets)
+        await commit_offsets(conn, to_app, commands, offsets)
     return CloneResult(to_app, commands, changelog, rows, offsets, same_input)
 
 
 async def restore(
     snapshot: Snapshot,
     *,
-    bootstrap: str,
+    conn: Connection | str,
     app_id: str,
     progress: Progress | None = None,
 ) -> CloneResult:
     """Put `app_id` back to `snapshot`: its changelog replaced, its group rewound to the cut."""
     manifest = snapshot.manifest
     changelog = f"{app_id}-{manifest.store}-changelog"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    conn = as_connection(conn)
+    await _refuse_running(conn, app_id)
     try:
-        if await _group_members(admin, app_id):
-            raise SnapshotError(f"application {app_id!r} has running instances: stop them first")
-        if changelog in set(await admin.list_topics()):
-            await admin.delete_topics([changelog])
-            deadline = time.monotonic() + 60
-            while changelog in set(await admin.list_topics()):
-                if time.monotonic() > deadline:
-                    raise SnapshotError(f"{changelog} was not deleted within 60s")
-                await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
-    for attempt in range(20):  # a deleted topic's name is free again only after a moment
-        try:
-            await ensure_topics(
-                bootstrap, [TopicSpec(changelog, len(manifest.partitions), compacted=True)]
-            )
-            break
-        except Exception:
-            if attempt == 19:
-                raise
-            await asyncio.sleep(0.5)
-    rows = await _load_changelog(
-        bootstrap, snapshot, changelog, reset_offsets=False, progress=progress
-    )
-    await _commit_group_offsets(bootstrap, app_id, manifest.cut.topic, dict(manifest.cut.offsets))
+        await recreate_topics(
+            conn, [TopicSpec(changelog, len(manifest.partitions), compacted=True)]
+        )
+    except TopicError as exc:
+        raise SnapshotError(str(exc)) from exc
+    rows = await _load_changelog(conn, snapshot, changelog, reset_offsets=False, progress=progress)
+    await commit_offsets(conn, app_id, manifest.cut.topic, dict(manifest.cut.offsets))
     return CloneResult(
         app_id, manifest.cut.topic, changelog, rows, dict(manifest.cut.offsets), True
     )
@@ -283,44 +209,29 @@ async def restore(
 
 # ---------------------------------------------------------------------------- time travel
 async def _read_events_until(
-    bootstrap: str, topic: str, until_ms: int, progress: Progress | None
+    conn: Connection, topic: str, until_ms: int, progress: Progress | None
 ) -> tuple[list[tuple[bytes, int, int, bytes, list]], list[int]]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        partitions = sorted(consumer.partitions_for_topic(topic) or ())
-        if not partitions:
-            raise SnapshotError(f"no events topic {topic!r}")
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        rows: list[tuple[bytes, int, int, bytes, list]] = []
-        while True:
-            positions = {tp: await consumer.position(tp) for tp in tps}
-            if all(positions[tp] >= ends[tp] for tp in tps):
-                return rows, partitions
-            batch = await consumer.getmany(timeout_ms=500, max_records=20000)
-            for tp, records in batch.items():
-                kept = [
-                    (r.key, tp.partition, r.offset, r.value, list(r.headers or ()))
+    rows: list[tuple[bytes, int, int, bytes, list]] = []
+    async with open_consumer(conn, isolation_level="read_committed") as consumer:
+        partitions = await partitions_of(consumer, topic)
+        try:
+            async for partition, records in read_to_end(consumer, topic, max_records=20000):
+                rows.extend(
+                    (r.key, partition, r.offset, r.value, list(r.headers or ()))
                     for r in records
-                    if r.offset < ends[tp] and r.timestamp <= until_ms
-                ]
-                rows.extend(kept)
+                    if r.timestamp <= until_ms
+                )
                 if progress is not None:
                     progress(len(records))
-    finally:
-        await consumer.stop()
+        except TopicMissing:
+            raise SnapshotError(f"no events topic {topic!r}") from None
+    return rows, partitions
 
 
 async def snapshot_at(
     bound: BoundAggregate,
     *,
-    bootstrap: str,
+    conn: Connection | str,
     app_id: str,
     until: dt.datetime,
     output: Path,
@@ -334,7 +245,9 @@ async def snapshot_at(
     from enhydra.spark.fold import fold_batches
 
     until_ms = int(until.timestamp() * 1000)
-    events, partitions = await _read_events_until(bootstrap, bound.events_topic, until_ms, progress)
+    events, partitions = await _read_events_until(
+        as_connection(conn), bound.events_topic, until_ms, progress
+    )
     events.sort(key=lambda row: (row[0], row[1], row[2]))
     table = pa.table(
         {

@@ -21,7 +21,7 @@ log = DriverLog("enhydra.spark.sink")  # executors import this module; they have
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
     """Create the target topic with the events topic's partition count, or check it has it."""
-    from enhydra.topics import TopicSpec, ensure_topics
+    from enhydra.kafka.topics import TopicSpec, ensure_topics
 
     asyncio.run(ensure_topics(bootstrap, [TopicSpec(topic, partitions, replication, history=True)]))
 

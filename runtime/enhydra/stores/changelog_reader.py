@@ -21,8 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
+from enhydra.kafka.clients import close, new_consumer, start
+from enhydra.kafka.errors import transient
+from enhydra.kafka.reading import partitions_of
 from enhydra.logs import get_logger
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore, record_digest
@@ -32,6 +36,8 @@ log = get_logger("enhydra.changelog")
 PROGRESS_EVERY_S = 2.0
 END_OFFSETS_EVERY_S = 2.0
 PROBE_TIMEOUT_S = 5.0
+WAIT_FOR_KAFKA_S = 1.0
+WAIT_REPORT_EVERY_S = 60.0
 
 
 class Copy(Protocol):
@@ -89,10 +95,11 @@ class ChangelogReader:
         self._task: asyncio.Task[None] | None = None
         self._last_ends = 0.0
         self._last_report = 0.0
+        self._last_wait_report = 0.0
         self.failure: BaseException | None = None
         self._checked: weakref.WeakSet[PartitionStore] = weakref.WeakSet()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
+        self._consumer = new_consumer(
+            settings.connection,
             client_id=f"{settings.instance_id}-changelog",
             group_id=None,
             enable_auto_commit=False,
@@ -105,7 +112,7 @@ class ChangelogReader:
         )
 
     async def start(self) -> None:
-        await self._consumer.start()
+        await start(self._consumer, self.settings.connection)
         await self.refresh_end_offsets()
         self._task = asyncio.create_task(self._run(), name="enhydra-changelog")
 
@@ -114,7 +121,7 @@ class ChangelogReader:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        await self._consumer.stop()
+        await close(self._consumer)
 
     # what to read ----------------------------------------------------------------------------
     def set_copies(self, restoring: dict[int, Copy], following: dict[int, Copy]) -> None:
@@ -139,11 +146,8 @@ class ChangelogReader:
         return sorted(self._restoring)
 
     async def refresh_end_offsets(self) -> None:
-        partitions = self._consumer.partitions_for_topic(self.topic)
-        if not partitions:
-            await self._consumer._client.force_metadata_update()  # topic just created
-            partitions = self._consumer.partitions_for_topic(self.topic) or set()
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        partitions = await partitions_of(self._consumer, self.topic)
+        tps = [TopicPartition(self.topic, p) for p in partitions]
         if tps:
             ends = await self._consumer.end_offsets(tps)
             self.end_offsets.update({tp.partition: offset for tp, offset in ends.items()})
@@ -153,30 +157,46 @@ class ChangelogReader:
     async def _run(self) -> None:
         try:
             while True:
-                if time.monotonic() - self._last_ends >= END_OFFSETS_EVERY_S:
-                    await self.refresh_end_offsets()
-                if not self._restoring and not self._following:
-                    self._changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), END_OFFSETS_EVERY_S)
-                    continue
-                await self._check_histories()
-                await self._start_pending_restores()
-                # A copy already at the end (a caught-up standby becoming active) finishes now,
-                # not after a fetch that has nothing to return.
-                await self._finish_restores()
-                if not self._restoring and not self._following:
-                    continue
-                batch = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
-                self._write(batch)
-                await self._finish_restores()
-                self._report_progress()
+                try:
+                    await self._step()
+                except KafkaError as exc:
+                    if not transient(exc):
+                        raise
+                    self._waiting(exc)  # the broker is away: wait for it, as the clients do
+                    await asyncio.sleep(WAIT_FOR_KAFKA_S)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # surfaced to the engine, which stops the service
             self.failure = exc
             log.error("changelog reader failed", error=repr(exc), exc_info=exc)
             raise
+
+    def _waiting(self, exc: KafkaError) -> None:
+        now = time.monotonic()
+        if now - self._last_wait_report >= WAIT_REPORT_EVERY_S:
+            self._last_wait_report = now
+            log.warning("changelog reader waiting for Kafka", error=repr(exc))
+
+    async def _step(self) -> None:
+        """One round: refresh ends, check and start restores, read, finish restores."""
+        if time.monotonic() - self._last_ends >= END_OFFSETS_EVERY_S:
+            await self.refresh_end_offsets()
+        if not self._restoring and not self._following:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), END_OFFSETS_EVERY_S)
+            return
+        await self._check_histories()
+        await self._start_pending_restores()
+        # A copy already at the end (a caught-up standby becoming active) finishes now,
+        # not after a fetch that has nothing to return.
+        await self._finish_restores()
+        if not self._restoring and not self._following:
+            return
+        batch = await self._consumer.getmany(timeout_ms=200, max_records=20_000)
+        self._write(batch)
+        await self._finish_restores()
+        self._report_progress()
 
     def _current(self, partition: int) -> Copy | None:
         pair = self._restoring.get(partition)

@@ -21,8 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from enhydra.kafka.clients import as_connection, open_admin, open_producer
+from enhydra.kafka.groups import committed_offsets
+from enhydra.kafka.reading import end_offsets, read_all
+from enhydra.settings import Connection
+
+__all__ = [
+    "ServiceProcess",
+    "end_offsets",
+    "free_port",
+    "http_get",
+    "produce_json",
+    "read_topic",
+    "service_env",
+    "wait_for_committed",
+]
 
 
 def free_port() -> int:
@@ -163,92 +176,46 @@ def service_env(
 
 
 async def produce_json(
-    bootstrap: str, topic: str, records: Iterable[tuple[str, Any]], *, linger_ms: int = 5
+    conn: Connection | str,
+    topic: str,
+    records: Iterable[tuple[str, Any]],
+    *,
+    linger_ms: int = 5,
 ) -> int:
     """Produce (key, value) pairs as JSON, partitioned by key like any Kafka producer."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks="all")
-    await producer.start()
     count = 0
-    try:
+    async with open_producer(as_connection(conn), linger_ms=linger_ms, acks="all") as producer:
         futures = []
         for key, value in records:
             data = value if isinstance(value, bytes) else json.dumps(value).encode()
             futures.append(await producer.send(topic, data, key=key.encode()))
             count += 1
         await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
     return count
 
 
-async def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Any]:
+async def read_topic(conn: Connection | str, topic: str) -> list[Any]:
     """Every record currently in `topic` (up to its end offsets), oldest first per partition."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        records: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            positions = {tp: await consumer.position(tp) for tp in tps}
-            if all(positions[tp] >= ends[tp] for tp in tps):
-                break
-            batch = await consumer.getmany(timeout_ms=500, max_records=10000)
-            for recs in batch.values():
-                records.extend(recs)
-        return records
-    finally:
-        await consumer.stop()
+    return await read_all(as_connection(conn), topic)
 
 
 async def wait_for_committed(
-    bootstrap: str, group: str, topic: str, *, timeout: float = 60.0
+    conn: Connection | str, group: str, topic: str, *, timeout: float = 60.0
 ) -> None:
     """Wait until the group has committed every partition of `topic` up to its end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                ends = await consumer.end_offsets(tps)
-                committed = await admin.list_consumer_group_offsets(group)
-                behind = {
-                    tp.partition: ends[tp] - (committed[tp].offset if tp in committed else 0)
-                    for tp in tps
-                }
-                if all(lag <= 0 for lag in behind.values()):
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"group {group} still behind on {topic}: {behind}")
-                await asyncio.sleep(0.3)
-        finally:
-            await admin.close()
-    finally:
-        await consumer.stop()
-
-
-async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    """The end offset of every partition of `topic`."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
+    conn = as_connection(conn)
+    deadline = time.monotonic() + timeout
+    async with open_admin(conn) as admin:
+        while True:
+            ends = await end_offsets(conn, topic)
+            committed = {
+                tp.partition: offset
+                for tp, offset in (await committed_offsets(admin, group)).items()
+                if tp.topic == topic
+            }
+            behind = {p: end - committed.get(p, 0) for p, end in ends.items()}
+            if all(lag <= 0 for lag in behind.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {group} still behind on {topic}: {behind}")
+            await asyncio.sleep(0.3)

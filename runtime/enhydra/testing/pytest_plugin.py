@@ -1,6 +1,8 @@
 """pytest fixtures: one real Kafka broker per test session, unique names, real instances.
 
-Set ENHYDRA_TEST_BOOTSTRAP to use an already running broker instead of starting one.
+The session's broker also opens SASL_SSL and mutual-TLS listeners (`secured_kafka`), so
+security is tested on the same broker as everything else. Set ENHYDRA_TEST_BOOTSTRAP to use an
+already running broker instead; the secured tests then start a local secured broker of their own.
 """
 
 from __future__ import annotations
@@ -8,28 +10,76 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from enhydra.settings import Connection
 from enhydra.testing.processes import ServiceProcess, service_env
 
 
+@dataclass(frozen=True)
+class SecuredKafka:
+    """The secured listeners of a local broker, as connections a test can use or pass on."""
+
+    sasl_ssl: Connection  # SCRAM-SHA-512 as the admin (a super user)
+    mtls: Connection  # SSL with the client certificate (a super user)
+    limited: Connection  # SASL_SSL as a user without any ACL: authenticated, not authorized
+    password: str  # the admin's, to check it never shows up anywhere
+
+
+def secured_connections(info) -> SecuredKafka:  # info: enhydra.broker.local.BrokerInfo
+    from enhydra.broker.security import ADMIN_USER, LIMITED_USER
+
+    files = info.security_files
+
+    def scram(user: str) -> Connection:
+        return Connection(
+            bootstrap_servers=info.sasl_ssl_bootstrap,
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username=user,
+            sasl_password_file=files.password_file(user),
+            ssl_cafile=files.ca,
+        )
+
+    mtls = Connection(
+        bootstrap_servers=info.ssl_bootstrap,
+        security_protocol="SSL",
+        ssl_cafile=files.ca,
+        ssl_certfile=files.client_cert,
+        ssl_keyfile=files.client_key,
+    )
+    return SecuredKafka(scram(ADMIN_USER), mtls, scram(LIMITED_USER), files.password(ADMIN_USER))
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """bootstrap servers of a real Apache Kafka broker (KRaft) on 127.0.0.1."""
-    external = os.environ.get("ENHYDRA_TEST_BOOTSTRAP")
-    if external:
-        yield external
-        return
+def _local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A local broker with every listener, started once per session."""
     from enhydra.broker.local import LocalBroker
 
-    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), port=0)
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka"), port=0, secured=True)
     info = broker.start()
     try:
-        yield info.bootstrap
+        yield info
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
+    """bootstrap servers of a real Apache Kafka broker (KRaft) on 127.0.0.1 (PLAINTEXT)."""
+    external = os.environ.get("ENHYDRA_TEST_BOOTSTRAP")
+    if external:
+        return external
+    return request.getfixturevalue("_local_broker").bootstrap
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(request: pytest.FixtureRequest) -> SecuredKafka:
+    """SASL_SSL (SCRAM) and mTLS connections to a real broker, plus a user without ACLs."""
+    return secured_connections(request.getfixturevalue("_local_broker"))
 
 
 @pytest.fixture
