@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from enhydra.spark.ship import EXECUTOR_MODULES
+from enhydra.spark.ship import EXECUTOR_MODULES, READER_MODULES
 
 RUNTIME_ONLY = ("faust", "aiokafka", "rocksdict", "structlog", "aiohttp", "mode")
 
@@ -43,6 +43,12 @@ def test_the_runtime_is_still_one_attribute_away() -> None:
 def test_a_shipped_module_imports_without_the_runtime(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert not set(loaded) & set(RUNTIME_ONLY), loaded
+
+
+@pytest.mark.parametrize("module", READER_MODULES)
+def test_the_python_readers_modules_need_aiokafka_only(module: str) -> None:
+    loaded = loaded_after(f"import {module}")
+    assert not set(loaded) & (set(RUNTIME_ONLY) - {"aiokafka"}), loaded
 
 
 def test_a_service_domain_module_imports_without_the_runtime() -> None:

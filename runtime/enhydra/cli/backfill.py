@@ -121,12 +121,13 @@ def _local_path(path: str) -> Path | None:
 
 
 def _check_writable(path: Path, option: str) -> None:
+    """The directory PATH is, or will be created in, exists as a directory and is writable."""
     existing = path
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() and existing == path:
-        existing = existing.parent
-    if not os.access(existing, os.W_OK):
+    if not existing.is_dir():
+        raise click.BadParameter(f"{path}: {existing} is a file", param_hint=option)
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise click.BadParameter(f"{path}: {existing} is not writable", param_hint=option)
 
 
@@ -228,19 +229,15 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
     configure_logging(fmt=os.environ.get("ENHYDRA_LOG_FORMAT") or "auto")
     prepared = _prepare(target, opts, pythonpath)
 
+    from enhydra.kafka.errors import KafkaAccessError
     from enhydra.snapshots.format import SnapshotError
     from enhydra.spark.fold import FoldError
-    from enhydra.spark.job import BackfillError, run_backfill, summary
+    from enhydra.spark.job import BackfillError, execute_backfill, plan_backfill, summary
     from enhydra.spark.source import SourceError
 
-    jvm_log = None
-    if not opts["spark_logs"]:
-        jvm_log = Path(tempfile.gettempdir()) / f"enhydra-backfill-{os.getpid()}-spark.log"
-    hint = f" (Spark's own log: {jvm_log})" if jvm_log else ""
-    spark, owned = _start_spark(opts["master"], prepared["conf"], prepared["paths"], jvm_log)
-    try:
-        result = run_backfill(
-            spark,
+    known = (BackfillError, SourceError, SnapshotError, FoldError, KafkaAccessError)
+    try:  # Kafka's offsets and the snapshot directory, still before Spark starts
+        plan = plan_backfill(
             target,
             bootstrap=opts["bootstrap"],
             app_id=opts["app_id"],
@@ -253,7 +250,16 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
             shuffle=opts["shuffle"],
             emit_events=opts["emit_events"],
         )
-    except (BackfillError, SourceError, SnapshotError, FoldError) as exc:
+    except known as exc:
+        raise click.ClickException(str(exc)) from exc
+    jvm_log = None
+    if not opts["spark_logs"]:
+        jvm_log = Path(tempfile.gettempdir()) / f"enhydra-backfill-{os.getpid()}-spark.log"
+    hint = f" (Spark's own log: {jvm_log})" if jvm_log else ""
+    spark, owned = _start_spark(opts["master"], prepared["conf"], prepared["paths"], jvm_log)
+    try:
+        result = execute_backfill(spark, plan)
+    except known as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:
         reason = _spark_failure(exc)

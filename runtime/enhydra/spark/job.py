@@ -38,7 +38,7 @@ from enhydra.spark.fold import FoldError, fold_events, load_aggregate
 from enhydra.spark.partition_files import FILE_DDL, SnapshotPartitions
 from enhydra.spark.session import is_local
 from enhydra.spark.ship import ship
-from enhydra.spark.source import OffsetRange, read_events, resolve_ranges
+from enhydra.spark.source import METHODS, OffsetRange, read_events, resolve_ranges
 
 log = get_logger("enhydra.backfill")
 
@@ -179,6 +179,7 @@ class _Progress:
         """Name what runs next, in the progress lines and in Spark's UI."""
         self.step = step
         self.spark.sparkContext.setJobDescription(f"enhydra backfill: {step}")
+        log.info("backfill step", step=step)
 
     def _run(self) -> None:
         tracker = self.spark.sparkContext.statusTracker()
@@ -203,8 +204,27 @@ class _Progress:
 # --------------------------------------------------------------------------- the job
 
 
-def run_backfill(
-    spark: Any,
+@dataclass
+class BackfillPlan:
+    """Everything decided before Spark starts: what to read, where to write, how."""
+
+    info: Target
+    app_id: str
+    bootstrap: str
+    bound: Any  # BoundAggregate
+    window: int
+    ranges: list[OffsetRange]
+    writer: SnapshotWriter | None
+    output: str | None
+    snapshot: str | None
+    emit_events: str | None
+    method: str
+    tasks: int | None
+    shuffle: bool | None
+    started: float = field(default_factory=time.monotonic)
+
+
+def plan_backfill(
     target: str,
     *,
     bootstrap: str | None = None,
@@ -218,15 +238,13 @@ def run_backfill(
     tasks: int | None = None,
     shuffle: bool | None = None,
     emit_events: str | None = None,
-) -> BackfillResult:
-    """Rebuild TARGET's state from its events topic; write Parquet and/or a snapshot.
-
-    `emit_events` names a topic that receives the corrected history: every event the fold
-    applied, once, in per-key order, with the command headers. `shuffle`/`tasks` override the
-    layout `plan_layout` picks.
-    """
+) -> BackfillPlan:
+    """Check the request and fix the offsets to read, without Spark: a mistake (target, app,
+    Kafka address, bounds, an existing snapshot) ends here, before a JVM starts."""
     if output is None and snapshot is None and emit_events is None:
         raise BackfillError("nothing to write: give --output, --snapshot and/or --emit-events")
+    if method not in METHODS:
+        raise BackfillError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
     info = resolve_target(target)
     app_id = app_id or info.app_id
     bootstrap = bootstrap or info.bootstrap
@@ -259,14 +277,45 @@ def run_backfill(
             ),
             source=SNAPSHOT_SOURCE,
         )
+    return BackfillPlan(
+        info=info,
+        app_id=app_id,
+        bootstrap=bootstrap,
+        bound=bound,
+        window=window,
+        ranges=ranges,
+        writer=writer,
+        output=output,
+        snapshot=str(snapshot) if snapshot is not None else None,
+        emit_events=emit_events,
+        method=method,
+        tasks=tasks,
+        shuffle=shuffle,
+        started=started,
+    )
+
+
+def run_backfill(spark: Any, target: str, **options: Any) -> BackfillResult:
+    """Rebuild TARGET's state from its events topic; write Parquet and/or a snapshot.
+
+    Options are `plan_backfill`'s. `emit_events` names a topic that receives the corrected
+    history: every event the fold applied, once, in per-key order, with the command headers.
+    `shuffle`/`tasks` override the layout `plan_layout` picks.
+    """
+    return execute_backfill(spark, plan_backfill(target, **options))
+
+
+def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
+    """Run a plan on a SparkSession."""
+    ranges, bound, writer, output = plan.ranges, plan.bound, plan.writer, plan.output
     total = sum(r.count for r in ranges)
-    layout = plan_layout(ranges, spark_cores(spark), shuffle=shuffle, tasks=tasks)
-    result = BackfillResult(app_id, bound.events_topic, ranges, events=total, layout=layout)
+    layout = plan_layout(ranges, spark_cores(spark), shuffle=plan.shuffle, tasks=plan.tasks)
+    result = BackfillResult(plan.app_id, bound.events_topic, ranges, events=total, layout=layout)
     local = is_local(spark.sparkContext.master)
-    ship(spark, info.aggregate, python_reader=not local and method != "kafka")
+    ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
     log.info(
         "backfill started",
-        app_id=app_id,
+        app_id=plan.app_id,
         events_topic=bound.events_topic,
         events=total,
         ranges={r.partition: [r.start, r.end] for r in ranges},
@@ -274,18 +323,10 @@ def run_backfill(
         why=layout.reason,
     )
     counter = spark.sparkContext.accumulator(0)
-    events = read_events(
-        spark,
-        bound.events_topic,
-        bootstrap,
-        method=method,
-        ranges=ranges,
-        split_records=layout.split_records,
-    )
     folded = fold_events(
-        events,
-        info.aggregate,
-        dedup_window=window,
+        _read(spark, plan, layout),
+        plan.info.aggregate,
+        dedup_window=plan.window,
         tasks=layout.tasks,
         shuffle=not layout.in_place,
         counter=counter,
@@ -318,56 +359,48 @@ def run_backfill(
                 result.timings["snapshot_s"] = time.monotonic() - stage
                 log.info(
                     "snapshot written",
-                    path=str(snapshot),
+                    path=plan.snapshot,
                     rows=result.snapshot.rows,
                     cut=result.cut.offsets,
                 )
-            if emit_events is not None:
+            if plan.emit_events is not None:
                 progress.begin("emit corrected events")
                 stage = time.monotonic()
-                result.emitted = _emit(
-                    spark, info, bootstrap, ranges, emit_events, method, window, layout, bound
-                )
+                result.emitted = _emit(spark, plan, layout)
                 result.timings["emit_s"] = time.monotonic() - stage
-                log.info("corrected events written", topic=emit_events, events=result.emitted)
+                log.info("corrected events", topic=plan.emit_events, events=result.emitted)
     finally:
         folded.unpersist()
-    result.seconds = time.monotonic() - started
+    result.seconds = time.monotonic() - plan.started
     log.info("backfill done", seconds=round(result.seconds, 1), keys=result.keys, events=total)
     return result
 
 
-def _emit(
-    spark: Any,
-    info: Target,
-    bootstrap: str,
-    ranges: list[OffsetRange],
-    topic: str,
-    method: str,
-    window: int,
-    layout: Layout,
-    bound: Any,
-) -> int:
+def _read(spark: Any, plan: BackfillPlan, layout: Layout) -> Any:
+    return read_events(
+        spark,
+        plan.bound.events_topic,
+        plan.bootstrap,
+        method=plan.method,
+        ranges=plan.ranges,
+        split_records=layout.split_records,
+    )
+
+
+def _emit(spark: Any, plan: BackfillPlan, layout: Layout) -> int:
     from enhydra.spark.fold import corrected_events
     from enhydra.spark.sink import ensure_topic, write_events
 
-    ensure_topic(bootstrap, topic, len(ranges))
-    events = read_events(
-        spark,
-        bound.events_topic,
-        bootstrap,
-        method=method,
-        ranges=ranges,
-        split_records=layout.split_records,
-    )
+    assert plan.emit_events is not None
+    ensure_topic(plan.bootstrap, plan.emit_events, len(plan.ranges))
     corrected = corrected_events(
-        events,
-        info.aggregate,
-        dedup_window=window,
+        _read(spark, plan, layout),
+        plan.info.aggregate,
+        dedup_window=plan.window,
         tasks=layout.tasks,
         shuffle=not layout.in_place,
     )
-    return write_events(spark, corrected, topic, bootstrap, method=method)
+    return write_events(spark, corrected, plan.emit_events, plan.bootstrap, method=plan.method)
 
 
 def _rate(count: int, since: float) -> dict[str, Any]:

@@ -9,7 +9,8 @@ it with `SparkContext.addPyFile` (what `spark-submit --py-files` does), on every
   the functions themselves, so `ledger.domain.apply` ships `ledger/`);
 - Enhydra's pure parts (`EXECUTOR_MODULES`): the programming model, the entry codec, the
   snapshot format and the Spark code. None of them imports faust, aiokafka, rocksdict or
-  structlog at import time (tests/spark/test_imports.py keeps it so).
+  structlog at import time (tests/spark/test_imports.py keeps it so). The Kafka access layer
+  (`READER_MODULES`) rides along for the Python reader; only that reader imports it.
 
 Why a zip of sources and not an environment archive (venv-pack, conda-pack): these are pure
 Python and weigh ~100 kB, while an environment holds the whole runtime (faust, RocksDB,
@@ -54,6 +55,16 @@ EXECUTOR_MODULES = (
     "enhydra.spark.ship",
     "enhydra.spark.source",
     "enhydra.spark.sink",
+)
+# Enhydra modules the Python reader and writer may import on executors besides those: the
+# Kafka access layer and its settings (they need aiokafka, which the reader archive brings).
+READER_MODULES = (
+    "enhydra.settings",
+    "enhydra.kafka",
+    "enhydra.kafka.clients",
+    "enhydra.kafka.errors",
+    "enhydra.kafka.noise",
+    "enhydra.kafka.reading",
 )
 # aiokafka and what it imports, for workers without it (pure-Python sources only)
 READER_PACKAGES = ("aiokafka", "async_timeout", "packaging", "typing_extensions")
@@ -121,7 +132,7 @@ def service_packages(aggregate: Aggregate) -> list[str]:
 
 def _enhydra_files() -> list[tuple[Path, str]]:
     files = []
-    for name in EXECUTOR_MODULES:
+    for name in (*EXECUTOR_MODULES, *READER_MODULES):
         file = Path(importlib.import_module(name).__file__ or "")
         parts = name.split(".")
         package = parts if file.name == "__init__.py" else parts[:-1]

@@ -100,7 +100,14 @@ async def _resolve(
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except Exception as exc:
+        await consumer.stop()
+        raise SourceError(
+            f"cannot reach Kafka at {bootstrap} to read {topic}: {exc} "
+            "(check --bootstrap or ENHYDRA_BOOTSTRAP_SERVERS)"
+        ) from None
     try:
         await consumer._client.force_metadata_update()
         partitions = consumer.partitions_for_topic(topic)
