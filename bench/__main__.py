@@ -38,8 +38,8 @@ OTHERS = {
         ["--keys", "50000", "--repeat", "1"],
     ),
     "spark_fold.py": (
-        ["--events", "500000", "--accounts", "50000", "--cores", "1,2"],
-        ["--events", "100000", "--accounts", "10000", "--cores", "2"],
+        ["--events", "1000000", "--accounts", "50000", "--rounds", "3"],
+        ["--events", "100000", "--accounts", "10000", "--rounds", "1"],
     ),
     "query_latency.py": (
         ["--rate", "500", "--seconds", "5", "--rounds", "1"],
