@@ -196,7 +196,10 @@ def _start_spark(master: str | None, conf: dict[str, str], paths: list[str], jvm
     if "PYSPARK_GATEWAY_PORT" in os.environ and master is None:  # under spark-submit
         from pyspark.sql import SparkSession
 
-        return SparkSession.builder.appName("enhydra-backfill").getOrCreate(), False
+        session = SparkSession.builder.appName("enhydra-backfill").getOrCreate()
+        if jvm_log is not None:  # spark-submit's own start-up lines are out of our hands
+            session.sparkContext.setLogLevel("WARN")
+        return session, False
     master = master or "local[*]"
     if is_local(master):
         session = local_session(
