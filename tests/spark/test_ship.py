@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import pytest
 
-from enhydra.spark.job import plan_layout
+from enhydra.spark.job import local_cores, plan_layout
 from enhydra.spark.ship import (
     EXECUTOR_MODULES,
     job_archive,
@@ -78,3 +79,11 @@ def test_a_shuffled_layout_reads_in_pieces_for_every_core() -> None:
     assert not layout.in_place
     assert layout.split_records is not None
     assert 1_000_000 / layout.split_records >= 8
+
+
+def test_local_masters_count_their_task_slots() -> None:
+    assert local_cores("local") == 1
+    assert local_cores("local[3]") == 3
+    assert local_cores("local[2,4]") == 2
+    assert local_cores("local[*]") == os.cpu_count()
+    assert local_cores("spark://host:7077") is None

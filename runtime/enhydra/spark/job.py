@@ -132,14 +132,25 @@ def plan_layout(
     return Layout(False, max(10_000, -(-total // pieces)), tasks, why)
 
 
+def local_cores(master: str) -> int | None:
+    """Task slots of a local master (`local`, `local[4]`, `local[*]`, `local[4,2]`), else None."""
+    master = master.strip()
+    if not is_local(master):
+        return None
+    if "[" not in master:
+        return 1
+    first = master[master.find("[") + 1 : master.find("]")].split(",")[0].strip()
+    if first == "*":
+        return os.cpu_count() or 1
+    return max(1, int(first))
+
+
 def spark_cores(spark: Any) -> int:
     """Task slots the job can count on: local[N], else the cluster's configured cores."""
     sc = spark.sparkContext
-    master = sc.master.strip()
-    if is_local(master):
-        inner = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
-        first = inner.split(",")[0]
-        return os.cpu_count() or 1 if first == "*" else max(1, int(first))
+    local = local_cores(sc.master)
+    if local is not None:
+        return local
     conf = sc.getConf()
     if conf.get("spark.cores.max"):
         return int(conf.get("spark.cores.max"))
