@@ -28,6 +28,8 @@ frames (py-spy).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -48,7 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "ledger"))
 
-from bench.common import load_average, machine, median, progress, table  # noqa: E402
+from bench.common import (  # noqa: E402
+    fresh_broker,
+    load_average,
+    machine,
+    median,
+    progress,
+    table,
+)
 from enhydra.spark.source import ARROW_SCHEMA  # noqa: E402
 from ledger.domain import accounts, apply  # noqa: E402
 
@@ -136,6 +145,65 @@ def python_replay(directory: Path) -> tuple[float, float, int]:
     for entry in states.values():
         orjson.dumps((entry[1], entry[2], entry[0]))  # the envelope, as the fold builds it
     return read_s, time.perf_counter() - started, len(states)
+
+
+def kafka_load(directory: Path, bootstrap: str, topic: str) -> int:
+    """Produce the dataset's events to `topic` (keyed, with their headers), in log order."""
+    from bench.common import create_topics, produce_fast
+    from enhydra.kafka.topics import TopicSpec
+
+    table_ = pq.read_table(directory).sort_by([("partition", "ascending"), ("offset", "ascending")])
+    keys, values = table_.column("key").to_pylist(), table_.column("value").to_pylist()
+    headers = table_.column("headers").to_pylist()
+    records = (
+        (k, v, [(h["key"], h["value"]) for h in hs])
+        for k, v, hs in zip(keys, values, headers, strict=True)
+    )
+
+    async def load() -> int:
+        await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS, 1, history=True)])
+        return await produce_fast(bootstrap, topic, records, PARTITIONS)
+
+    return asyncio.run(load())
+
+
+def python_replay_kafka(bootstrap: str, topic: str) -> tuple[float, float, int]:
+    """(0, seconds, keys): one process reads the topic with aiokafka and folds as it reads."""
+    from enhydra.kafka.clients import open_consumer
+    from enhydra.kafka.reading import read_to_end
+
+    async def replay() -> int:
+        states: dict[bytes, list] = {}
+        loads = orjson.loads
+        async with open_consumer(
+            bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        ) as consumer:
+            async for _, records in read_to_end(consumer, topic):
+                for r in records:
+                    entry = states.get(r.key)
+                    if entry is None:
+                        entry = states[r.key] = [None, -1, []]
+                    hdrs = dict(r.headers)
+                    command_offset = int(hdrs["enhydra.command_offset"])
+                    if command_offset <= entry[1]:
+                        continue
+                    entry[0] = apply(entry[0], loads(r.value))
+                    entry[1] = command_offset
+                    ids = entry[2]
+                    ids.append(hdrs["enhydra.command_id"].decode())
+                    if len(ids) > WINDOW:
+                        del ids[0]
+        for entry in states.values():
+            orjson.dumps((entry[1], entry[2], entry[0]))
+        return len(states)
+
+    started = time.perf_counter()
+    keys = asyncio.run(replay())
+    return 0.0, time.perf_counter() - started, keys
 
 
 # --------------------------------------------------------------------------- spark
@@ -285,13 +353,21 @@ def stage_timings(spark) -> list[list[object]]:
 
 
 def spark_fold(
-    directory: Path, cores: int, *, shuffle: bool, profile: Path | None = None
+    source: Path | tuple[str, str],
+    cores: int,
+    *,
+    shuffle: bool,
+    profile: Path | None = None,
 ) -> dict[str, object]:
-    """Seconds for read + (shuffle +) sort + fold of every event on local[cores]."""
+    """Seconds for read + (shuffle +) sort + fold of every event on local[cores].
+
+    `source` is the Parquet dataset, or (bootstrap, topic) to read with Spark's Kafka source.
+    """
     from pyspark.sql import SparkSession
 
     from enhydra.spark.fold import fold_events
     from enhydra.spark.session import local_session
+    from enhydra.spark.source import read_events
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -299,7 +375,7 @@ def spark_fold(
     spark = local_session(
         "enhydra-bench",
         master=f"local[{cores}]",
-        kafka=False,
+        kafka=isinstance(source, tuple),
         pythonpath=[ROOT / "examples" / "ledger"],
         conf={
             "spark.driver.memory": "4g",
@@ -311,7 +387,12 @@ def spark_fold(
         jvm_log=Path(tempfile.gettempdir()) / "enhydra-bench-spark.log",
     )
     try:
-        events = spark.read.parquet(str(directory))
+        if isinstance(source, tuple):  # what the backfill reads: one task per Kafka partition
+            bootstrap, topic = source
+            split = 100_000 if shuffle else None  # the job's split read when it shuffles
+            events = read_events(spark, topic, bootstrap, method="kafka", split_records=split)
+        else:
+            events = spark.read.parquet(str(source))
         folded = fold_events(events, accounts, shuffle=shuffle)
         before = cpu_split()
         started = time.perf_counter()
@@ -343,11 +424,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="CPU split, stages, py-spy")
     parser.add_argument("--dir", type=Path, help="keep the dataset here (default: a temp dir)")
+    parser.add_argument(
+        "--source",
+        choices=("parquet", "kafka"),
+        default="parquet",
+        help="read the events from the Parquet dataset, or from a fresh local Kafka broker "
+        "(Spark's Kafka connector vs aiokafka in the Python process)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("ENHYDRA_LOG_FORMAT", "console")
     tmp = Path(tempfile.mkdtemp(prefix="enhydra-bench-"))
     directory = args.dir or tmp / "events"
     n = args.events
+    broker = contextlib.ExitStack()  # the Kafka broker of --source kafka, stopped at the end
     try:
         started = time.perf_counter()
         if not directory.exists():
@@ -358,6 +447,16 @@ def main() -> None:
             f"dataset: {n:,} ledger events, {args.accounts:,} accounts, {PARTITIONS} partitions, "
             f"{size_mb:.0f} MB Parquet ({time.perf_counter() - started:.1f}s to generate)"
         )
+        source: Path | tuple[str, str] = directory
+        replay = lambda: python_replay(directory)  # noqa: E731
+        if args.source == "kafka":
+            bootstrap, _ = broker.enter_context(fresh_broker())
+            loaded = kafka_load(directory, bootstrap, "ledger-events")
+            print(f"source: a fresh Kafka broker, {loaded:,} events in {PARTITIONS} partitions")
+            source = (bootstrap, "ledger-events")
+            replay = lambda: python_replay_kafka(bootstrap, "ledger-events")  # noqa: E731
+        else:
+            print("source: the Parquet dataset (one file per Kafka partition)")
         runs = {
             "spark local[1], in place": (1, False),
             "spark local[2], in place": (2, False),
@@ -368,19 +467,19 @@ def main() -> None:
         python_fold: list[float] = []
         details: dict[str, dict] = {}
         for r in range(args.rounds):
-            read_s, fold_s, keys = python_replay(directory)
+            read_s, fold_s, keys = replay()
             seconds["python, 1 process"].append(read_s + fold_s)
             python_fold.append(fold_s)
-            progress(f"round {r + 1}: python {read_s:.1f}s read + {fold_s:.1f}s fold")
+            progress(f"round {r + 1}: python {read_s:.1f}s read + {fold_s:.1f}s fold (+ read)")
             for name, (cores, shuffle) in runs.items():
-                run = spark_fold(directory, cores, shuffle=shuffle)
+                run = spark_fold(source, cores, shuffle=shuffle)
                 seconds[name].append(run["seconds"])
                 details[name] = run
                 progress(f"round {r + 1}: {name} {run['seconds']:.1f}s ({run['tasks']} tasks)")
         if args.profile:  # one more run each, not timed: py-spy takes CPU from the 2 cores
             for name, (cores, shuffle) in runs.items():
                 profile = tmp / f"pyspy-{cores}-{shuffle}.txt"
-                details[name] = spark_fold(directory, cores, shuffle=shuffle, profile=profile)
+                details[name] = spark_fold(source, cores, shuffle=shuffle, profile=profile)
                 progress(f"profiled {name}")
         rate = {name: n / median(s) for name, s in seconds.items()}
         print(f"load average at end {load_average()}; medians of {args.rounds} interleaved rounds")
@@ -389,9 +488,9 @@ def main() -> None:
             for name, s in seconds.items()
         ]
         print(table(["run (read included)", "events/s", "median s", "runs s"], rows))
-        print(
-            f"python fold alone (no read): {n / median(python_fold):,.0f} events/s; keys: {keys:,}"
-        )
+        if args.source == "parquet":
+            fold_rate = n / median(python_fold)
+            print(f"python fold alone (no read): {fold_rate:,.0f} events/s; keys: {keys:,}")
         base = rate["python, 1 process"]
         two, one = rate["spark local[2], in place"], rate["spark local[1], in place"]
         shuffled = rate["spark local[2], shuffled"]
@@ -438,6 +537,7 @@ def main() -> None:
                     print(f"{name}: Python workers, share of samples in the fold (py-spy)")
                     print(table(["frame", "%"], [[f, f"{p:.1f}"] for f, p in frames]))
     finally:
+        broker.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -50,6 +50,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 METHODS = ("auto", "kafka", "python")
+POLL_RECORDS = 50_000  # records per poll of Spark's Kafka consumer
+POLL_BYTES = 16 * 1024 * 1024
 
 
 class SourceError(RuntimeError):
@@ -370,6 +372,12 @@ def _spark_kafka(
         .option("endingOffsets", json.dumps(ends))
         .option("includeHeaders", "true")
         .option("failOnDataLoss", "true")
+        # Spark's consumer asks the broker for the partition's first and last offsets after
+        # every poll and seeks again (which drops what it prefetched): three round trips per
+        # poll, so a poll must bring many records (default 500 records / 1 MB per partition).
+        .option("kafka.max.poll.records", str(POLL_RECORDS))
+        .option("kafka.max.partition.fetch.bytes", str(POLL_BYTES))
+        .option("kafka.fetch.max.bytes", str(POLL_BYTES))
     )
     if split_records:  # without minPartitions, Spark maps each topic partition to one task
         total = sum(r.count for r in ranges)
