@@ -272,6 +272,8 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
     finally:
         if owned:
             spark.stop()
+    if jvm_log is not None:  # kept only when something failed
+        jvm_log.unlink(missing_ok=True)
     click.echo(summary(result))
 
 
