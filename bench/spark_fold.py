@@ -22,7 +22,9 @@ Runs are interleaved (python, spark local[1], local[2], shuffled; then again) an
 is the median of the rounds. The two target ratios are printed last: spark local[2] / python
 (>= 1.5) and local[2] / local[1] (>= 1.8). --profile adds where the time goes: CPU seconds of
 the JVM and of the Python workers per run, Spark's stage timings, and the Python workers' hot
-frames (py-spy).
+frames (py-spy). --pin runs local[N] on N CPUs (taskset-like), so local[1] is one core.
+--source kafka reads a fresh broker instead of the Parquet files: Spark's Kafka connector
+against one Python process reading with aiokafka.
 """
 
 from __future__ import annotations
@@ -358,11 +360,30 @@ def spark_fold(
     *,
     shuffle: bool,
     profile: Path | None = None,
+    pin: bool = False,
 ) -> dict[str, object]:
     """Seconds for read + (shuffle +) sort + fold of every event on local[cores].
 
     `source` is the Parquet dataset, or (bootstrap, topic) to read with Spark's Kafka source.
+    `pin` runs the JVM and its Python workers on `cores` CPUs only (local[1] otherwise also
+    uses the second core for the JVM's Arrow writer, GC and JIT threads).
     """
+    everywhere = os.sched_getaffinity(0)
+    if pin:
+        os.sched_setaffinity(0, set(sorted(everywhere)[:cores]))  # the JVM inherits it
+    try:
+        return _spark_fold(source, cores, shuffle=shuffle, profile=profile)
+    finally:
+        os.sched_setaffinity(0, everywhere)
+
+
+def _spark_fold(
+    source: Path | tuple[str, str],
+    cores: int,
+    *,
+    shuffle: bool,
+    profile: Path | None,
+) -> dict[str, object]:
     from pyspark.sql import SparkSession
 
     from enhydra.spark.fold import fold_events
@@ -425,6 +446,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="CPU split, stages, py-spy")
     parser.add_argument("--dir", type=Path, help="keep the dataset here (default: a temp dir)")
     parser.add_argument(
+        "--pin", action="store_true", help="pin each local[N] run (JVM + workers) to N CPUs"
+    )
+    parser.add_argument(
         "--source",
         choices=("parquet", "kafka"),
         default="parquet",
@@ -472,7 +496,7 @@ def main() -> None:
             python_fold.append(fold_s)
             progress(f"round {r + 1}: python {read_s:.1f}s read + {fold_s:.1f}s fold (+ read)")
             for name, (cores, shuffle) in runs.items():
-                run = spark_fold(source, cores, shuffle=shuffle)
+                run = spark_fold(source, cores, shuffle=shuffle, pin=args.pin)
                 seconds[name].append(run["seconds"])
                 details[name] = run
                 progress(f"round {r + 1}: {name} {run['seconds']:.1f}s ({run['tasks']} tasks)")
@@ -482,7 +506,11 @@ def main() -> None:
                 details[name] = spark_fold(source, cores, shuffle=shuffle, profile=profile)
                 progress(f"profiled {name}")
         rate = {name: n / median(s) for name, s in seconds.items()}
-        print(f"load average at end {load_average()}; medians of {args.rounds} interleaved rounds")
+        pinned = "; spark runs pinned to N CPUs" if args.pin else ""
+        print(
+            f"load average at end {load_average()}; medians of {args.rounds} interleaved "
+            f"rounds{pinned}"
+        )
         rows = [
             [name, f"{rate[name]:,.0f}", f"{median(s):.2f}", " ".join(f"{x:.1f}" for x in s)]
             for name, s in seconds.items()
