@@ -20,8 +20,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from enhydra.broker.local import LocalBroker
+from enhydra.contracts.partitioner import partition_for
 from enhydra.kafka.topics import TopicSpec, ensure_topics
-from enhydra.processing.engine import partition_for
 
 ROOT = Path(__file__).resolve().parents[1]
 _STARTED = time.monotonic()

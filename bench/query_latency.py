@@ -111,7 +111,7 @@ async def measure(args: argparse.Namespace, a: ServiceProcess, b: ServiceProcess
 
 
 def pick_keys(a: ServiceProcess, accounts: list[str]) -> dict[str, list[str]]:
-    from enhydra.processing.engine import partition_for
+    from enhydra.contracts.partitioner import partition_for
     from enhydra.testing.processes import http_get
 
     status, meta = http_get(a.url + "/v1/metadata")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from enhydra.processing.core import Entry, encode_entry
+from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.snapshots.format import Cut, SnapshotWriter, load_into_stores, open_snapshot
 from enhydra.stores.partition import PartitionStore
 

@@ -34,7 +34,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from common import fresh_broker, load_average, machine, median, produce_fast, progress, table
 
-from enhydra.processing.engine import partition_for
+from enhydra.contracts.partitioner import partition_for
 from enhydra.testing.processes import ServiceProcess, service_env, wait_for_committed
 
 TARGET = "ledger.service:service"

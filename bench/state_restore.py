@@ -45,11 +45,11 @@ from common import (
 )
 from rocksdict import Options, Rdict, WriteBatch
 
+from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import configure_logging
-from enhydra.processing.core import Entry, encode_entry
+from enhydra.runner.changelog_reader import ChangelogReader
 from enhydra.settings import Settings
-from enhydra.stores.changelog_reader import ChangelogReader
 from enhydra.stores.partition import PartitionStore
 
 APP = "bench"

@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaProducer
 from bench.common import ROOT, create_topics, progress
 from bench.throughput import harness
 from bench.throughput.workload import PARTITIONS, command_records
+from enhydra.contracts.headers import COMMAND_OFFSET_HEADER
+from enhydra.contracts.partitioner import partition_for
 from enhydra.kafka.topics import TopicSpec
-from enhydra.processing.engine import partition_for
-from enhydra.processing.output import COMMAND_OFFSET_HEADER
 from enhydra.testing.processes import ServiceProcess, read_topic
 
 

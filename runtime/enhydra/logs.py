@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
-
-from enhydra.kafka import noise
 
 _configured: dict[str, Any] = {}
 
@@ -33,11 +32,16 @@ def _shared_processors(static: dict[str, Any]) -> list[Any]:
 
 
 def configure_logging(
-    *, fmt: str = "auto", level: str = "info", static: dict[str, Any] | None = None
+    *,
+    fmt: str = "auto",
+    level: str = "info",
+    static: dict[str, Any] | None = None,
+    filters: Sequence[logging.Filter] = (),
 ) -> None:
     """Route structlog and stdlib logging to stderr as JSON ('json') or colours ('console').
 
-    'auto' picks console for a terminal and JSON otherwise (containers, CI, files).
+    'auto' picks console for a terminal and JSON otherwise (containers, CI, files). `filters`
+    see every line before it is written (e.g. enhydra.kafka.noise's rate limit).
     """
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
@@ -57,7 +61,8 @@ def configure_logging(
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
-    noise.install(handler)  # a broker outage: a few lines a minute, not thousands
+    for line_filter in filters:
+        handler.addFilter(line_filter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

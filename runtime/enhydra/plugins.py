@@ -20,13 +20,10 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from enhydra.aggregate import Aggregate, Apply, Command, Decide, Event, State
 from enhydra.projections.model import Projection
-
-if TYPE_CHECKING:
-    from enhydra.service import Service
 
 GROUP = "enhydra.handlers"
 
@@ -187,38 +184,9 @@ def load_entry_point(ep: importlib.metadata.EntryPoint) -> LoadedPlugin:
     return LoadedPlugin(ep.name, ep.value, dist, version, plugin)
 
 
-def load_plugins(
-    service: Service, eps: Iterable[importlib.metadata.EntryPoint] | None = None
-) -> list[LoadedPlugin]:
-    """Load the plugins that apply to `service` once: extend its aggregate, add projections."""
-    if service.plugins_loaded:
-        return service.plugins
-    name = service.aggregate.name
-    loaded = [load_entry_point(ep) for ep in (entry_points() if eps is None else eps)]
-    applying = [lp for lp in loaded if lp.plugin.applies_to(name)]
-    handlers = [h for lp in applying for h in lp.plugin.handlers]
-    if handlers:
-        service.aggregate = extend(service.aggregate, *handlers)
-    service.plugins = applying
-    service.plugins_loaded = True
-    check_projection_names(service)
-    return applying
+def load_plugins(eps: Iterable[importlib.metadata.EntryPoint] | None = None) -> list[LoadedPlugin]:
+    """Every installed plugin (the `enhydra.handlers` entry points), or those of `eps`.
 
-
-def all_projections(service: Service) -> list[tuple[Projection, str | None]]:
-    """(projection, plugin name or None) for the service's own and its plugins' projections."""
-    own: list[tuple[Projection, str | None]] = [(p, None) for p in service.projections]
-    return own + [(p, lp.name) for lp in service.plugins for p in lp.plugin.projections]
-
-
-def check_projection_names(service: Service) -> None:
-    """Every store name is queried at /v1/stores/<name>: two with one name cannot both answer."""
-    seen = {service.aggregate.name: "the aggregate"}
-    for projection, plugin in all_projections(service):
-        origin = f"plugin {plugin!r}" if plugin else "the service"
-        if projection.name in seen:
-            raise PluginError(
-                f"projection {projection.name!r} of {origin} has the same name as "
-                f"{seen[projection.name]}; store names must be unique"
-            )
-        seen[projection.name] = f"projection {projection.name!r} of {origin}"
+    Which of them apply to a service, and what they add to it, is `enhydra.spec.resolve`'s job.
+    """
+    return [load_entry_point(ep) for ep in (entry_points() if eps is None else eps)]

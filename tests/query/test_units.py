@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from enhydra.processing.core import Entry, encode_entry
+from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.query.http import ROUTES, build_app
 from enhydra.query.metrics import Exposition, Histogram
 from enhydra.query.openapi import BadRequest, Param, document
@@ -157,9 +157,9 @@ def test_the_document_comes_from_the_route_table():
     schemathesis.openapi.from_dict(doc).validate()
 
 
-async def _snapshot(request: web.Request) -> web.Response:
+async def _snapshot(request: web.Request, body: dict) -> web.Response:
     """Take a snapshot now."""
-    return web.json_response({"snapshot": "started"}, status=202)
+    return web.json_response({"snapshot": "started", **body}, status=202)
 
 
 def test_before_the_engine_runs_the_api_answers_503_and_json_errors():
@@ -187,6 +187,14 @@ def test_before_the_engine_runs_the_api_answers_503_and_json_errors():
             headers = {"Authorization": "Bearer adm"}
             snap = await client.post("/v1/admin/snapshot", headers=headers)
             assert snap.status == 202 and (await snap.json()) == {"snapshot": "started"}
+            # The handler receives the JSON body; a malformed one is a 400 with a reason.
+            given = await client.post("/v1/admin/snapshot", headers=headers, json={"storage": "s"})
+            assert (await given.json()) == {"snapshot": "started", "storage": "s"}
+            bad = await client.post("/v1/admin/snapshot", headers=headers, data=b"{nope")
+            assert bad.status == 400 and (await bad.json())["code"] == "bad_request"
+            assert "not valid JSON" in (await bad.json())["error"]
+            listed = await client.post("/v1/admin/snapshot", headers=headers, data=b"[1]")
+            assert listed.status == 400
             assert (await client.post("/v1/admin/snapshot")).status == 401
             down = await client.post("/v1/admin/shutdown", headers=headers)
             assert down.status == 202

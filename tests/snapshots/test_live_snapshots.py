@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 
-from enhydra.processing.core import decode_entry
+from enhydra.contracts.codec import decode_entry
 from enhydra.snapshots.format import open_snapshot
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 from ledger.workload import generate, model

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from enhydra.processing.core import decode_entry
+from enhydra.contracts.codec import decode_entry
 from enhydra.snapshots.format import open_snapshot
 from enhydra.snapshots.storage import open_snapshot_at, open_storage
 from enhydra.testing.processes import free_port

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enhydra.aggregate import Aggregate, Rejection
-from enhydra.processing.core import Entry, InputRecord, decode_entry, process_batch
+from enhydra.contracts.codec import Entry, decode_entry
+from enhydra.processing.core import InputRecord, process_batch
 from enhydra.snapshots.format import partition_for
 from enhydra.spark.fold import EventFold, FoldError, fold_batches
 from ledger.domain import accounts

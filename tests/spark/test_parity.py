@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from enhydra.processing.core import Entry, decode_entry
+from enhydra.contracts.codec import Entry, decode_entry
 from enhydra.snapshots import load_into_stores, open_snapshot, topology_fingerprint
 from enhydra.spark.fold import fold_events
 from enhydra.spark.job import run_backfill

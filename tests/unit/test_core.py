@@ -7,13 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enhydra.processing.core import (
-    Entry,
-    InputRecord,
-    decode_entry,
-    encode_entry,
-    process_batch,
-)
+from enhydra.contracts.codec import Entry, decode_entry, encode_entry
+from enhydra.processing.core import InputRecord, process_batch
 from ledger.domain import accounts
 from ledger.workload import generate
 

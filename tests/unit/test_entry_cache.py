@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from enhydra.contracts.codec import Entry
 from enhydra.processing.cache import EntryCache
-from enhydra.processing.core import Entry
 
 
 def entries(*keys: str, offset: int = 0) -> dict[str, Entry]:

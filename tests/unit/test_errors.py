@@ -8,10 +8,11 @@ import orjson
 import pytest
 
 from enhydra.errors.dlq import DeadLetter, Selection, dead_letter_headers
+from enhydra.errors.failure import Failure, Stage
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, PolicyError, UncaughtPolicy
 from enhydra.errors.uncaught import RestartBudget, UncaughtDecider
-from enhydra.processing.core import Failure, InputRecord, Stage, process_batch
-from enhydra.processing.retries import RetryTracker
+from enhydra.processing.core import InputRecord, process_batch
+from enhydra.runner.retries import RetryTracker
 from ledger.domain import accounts
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from enhydra.stores.changelog_reader import other_history
+from enhydra.runner.changelog_reader import other_history
 from enhydra.stores.partition import (
     DEFAULT_MEMORY_MB,
     PartitionStore,

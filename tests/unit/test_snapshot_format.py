@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enhydra.processing.core import Entry, decode_entry, encode_entry
+from enhydra.contracts.codec import Entry, decode_entry, encode_entry
 from enhydra.snapshots import (
     MANIFEST,
     Cut,

@@ -14,7 +14,6 @@ from enhydra import Aggregate, Rejection, Service
 from enhydra.plugins import (
     Handler,
     PluginError,
-    all_projections,
     extend,
     load_entry_point,
     load_plugins,
@@ -164,8 +163,7 @@ def test_a_command_type_handled_twice_is_an_error() -> None:
 
 def test_topology_lists_the_parts_of_an_extended_aggregate() -> None:
     service = Service("bank", extend(accounts, REFUND))
-    service.plugins_loaded = True
-    handlers = topology_of(service)["handlers"][0]
+    handlers = topology_of(service.resolved(plugins=[]))["handlers"][0]
     assert handlers["decide"] == {
         "base": "ledger.domain:decide",
         "refund": f"{__name__}:refund_decide",
@@ -201,16 +199,17 @@ def ep(name: str, value: str) -> EntryPoint:
 
 def test_plugins_apply_to_their_aggregates_only(plugin_module: str) -> None:
     service = Service("bank", accounts)
-    loaded = load_plugins(
-        service, [ep("counts", f"{plugin_module}:good"), ep("o", f"{plugin_module}:other")]
+    installed = load_plugins(
+        [ep("counts", f"{plugin_module}:good"), ep("o", f"{plugin_module}:other")]
     )
+    resolved = service.resolved(plugins=installed)
+    loaded = resolved.plugins
     assert [p.name for p in loaded] == ["counts"]
-    assert [(p.name, plugin) for p, plugin in all_projections(service)] == [
-        ("event-counts", "counts")
-    ]
+    assert [(p.name, plugin) for p, plugin in resolved.projections] == [("event-counts", "counts")]
     assert loaded[0].describe()["projections"] == ["event-counts"]
-    assert load_plugins(service, []) is service.plugins  # loaded once
-    topology = topology_of(service)
+    assert service.resolved() is service.resolved()  # installed plugins are loaded once
+    assert service.aggregate is accounts  # resolving never changes the declaration
+    topology = topology_of(resolved)
     assert topology["projections"][0]["group"] == "bank-projection-event-counts"
     assert topology["projections"][0]["plugin"] == "counts"
 
@@ -235,13 +234,14 @@ def test_a_broken_plugin_is_an_error_naming_it(
     plugin_module: str, value: str, message: str
 ) -> None:
     with pytest.raises(PluginError) as raised:
-        load_plugins(Service("bank", accounts), [ep("p", value)])
+        load_plugins([ep("p", value)])
     assert message in str(raised.value)
 
 
 def test_a_projection_named_like_the_aggregate_is_refused(plugin_module: str) -> None:
+    clash = load_plugins([ep("clash", f"{plugin_module}:clash")])
     with pytest.raises(PluginError, match="projection 'accounts' of plugin 'clash'"):
-        load_plugins(Service("bank", accounts), [ep("clash", f"{plugin_module}:clash")])
+        Service("bank", accounts).resolved(plugins=clash)
 
 
 def test_services_declare_projections_in_code() -> None:
@@ -251,5 +251,4 @@ def test_services_declare_projections_in_code() -> None:
         Aggregate("accounts", decide=accounts.decide, apply=accounts.apply),
         projections=[own],
     )
-    service.plugins_loaded = True
-    assert all_projections(service) == [(own, None)]
+    assert service.resolved(plugins=[]).projections == ((own, None),)

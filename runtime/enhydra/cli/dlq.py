@@ -8,9 +8,9 @@ import json
 
 import click
 
+from enhydra.admin.dlq import DlqError, read_dead_letters, replay
 from enhydra.cli.common import kafka_options
 from enhydra.errors.dlq import Selection, dlq_topic_name, format_table
-from enhydra.errors.dlq_client import DlqError, read_dead_letters, replay
 
 COLUMNS = ("dlq", "origin", "stage", "error", "attempts", "replays", "age_s", "message")
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import click
 
 from enhydra.broker.local import LocalBroker, cache_root
+from enhydra.scaffold import source_checkout, vendored_wheel
 
 BASE_IMAGE = "localhost/enhydra-base:bookworm"
 SUITE = "bookworm"
@@ -299,11 +300,7 @@ def _project(project_dir: Path) -> dict:
 
 def enhydra_checkout() -> Path | None:
     """The Enhydra source tree this package runs from (an editable install), if any."""
-    root = Path(__file__).resolve().parents[3]
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file() and re.search(r'^name = "enhydra"$', pyproject.read_text(), re.M):
-        return root
-    return None
+    return source_checkout()
 
 
 def image_python(base: str) -> str:
@@ -362,7 +359,14 @@ def build(
     tag = tag or f"localhost/{slug}:{meta.get('version', 'dev')}"
     if not image_exists(base):
         raise ImageError(f"base image {base} is missing: run `enhydra image prepare`")
-    source = enhydra_source or enhydra_checkout()
+    vendored = vendored_wheel(project_dir)
+    if vendored is not None and enhydra_source is not None:
+        raise ImageError(
+            f"{project_dir} carries its Enhydra ({vendored.relative_to(project_dir)}): drop "
+            "--enhydra, or put another one there with `enhydra upgrade-runtime`"
+        )
+    # A project that vendors its runtime builds with that one, never with this checkout.
+    source = enhydra_source or (None if vendored else enhydra_checkout())
     build_dir = cache_root() / "build" / slug
     context = build_dir / "context"
     wheelhouse = context / "wheelhouse"

@@ -14,8 +14,10 @@ from enhydra.cli.new import new
 from enhydra.cli.query import query
 from enhydra.cli.reset import reset
 from enhydra.cli.run import run
+from enhydra.cli.send import send
 from enhydra.cli.snapshot import snapshot
 from enhydra.cli.topology import topology
+from enhydra.cli.upgrade_runtime import upgrade_runtime
 
 
 @click.group(cls=PlainGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,8 +35,10 @@ main.add_command(new)
 main.add_command(query)
 main.add_command(reset)
 main.add_command(run)
+main.add_command(send)
 main.add_command(snapshot)
 main.add_command(topology)
+main.add_command(upgrade_runtime)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import click
 
 from enhydra.cli.common import kafka_options
 from enhydra.cli.run import load_service
-from enhydra.processing.core import decode_entry
+from enhydra.contracts.codec import decode_entry
 from enhydra.settings import Connection
 from enhydra.snapshots.format import SnapshotError, open_snapshot, topology_fingerprint
 from enhydra.snapshots.offline import clone, request_snapshot, restore, snapshot_at

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from aiokafka import TopicPartition
 
+from enhydra.contracts.names import control_topic_name
 from enhydra.kafka.clients import Consumer, Producer, close, new_consumer, new_producer, start
 from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import get_logger
@@ -24,10 +25,6 @@ from enhydra.settings import Connection
 log = get_logger("enhydra.control")
 
 SHUTDOWN_APPLICATION = "shutdown_application"
-
-
-def control_topic_name(app_id: str) -> str:
-    return f"{app_id}-control"
 
 
 def control_topic_spec(app_id: str, replication_factor: int = 1) -> TopicSpec:

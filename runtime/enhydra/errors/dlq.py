@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from enhydra.processing.core import Failure
+from enhydra.errors.failure import Failure
 
 PREFIX = "enhydra.dlq."
 REPLAYS = PREFIX + "replays"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from enhydra.processing.core import Failure, Stage
+from enhydra.errors.failure import Failure, Stage
 
 
 class ErrorAction(StrEnum):

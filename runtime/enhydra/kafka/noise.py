@@ -68,9 +68,3 @@ class ConnectionNoise(logging.Filter):
             record.msg = f"{template} (and {seen.held_back} more like it since the last one)"
         seen.last_shown, seen.held_back = now, 0
         return True
-
-
-def install(handler: logging.Handler, interval_s: float = INTERVAL_S) -> None:
-    """Rate-limit aiokafka's repeating errors on `handler` (once per handler)."""
-    if not any(isinstance(f, ConnectionNoise) for f in handler.filters):
-        handler.addFilter(ConnectionNoise(interval_s))

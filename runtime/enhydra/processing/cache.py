@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from enhydra.processing.core import Entry
+from enhydra.contracts.codec import Entry
 
 
 class EntryCache:

@@ -3,40 +3,22 @@
 No I/O here. The Kafka engine and the in-memory test driver both call `process_batch`, so what
 a unit test sees is what production does.
 
-Each stored value is an `Entry`: the user's state plus two bookkeeping fields that make state
-effectively-once under at-least-once delivery:
-- `offset`: the input offset of the last command that changed this key. A redelivered command
-  with an offset at or below it is already reflected in the state and is skipped.
-- `command_ids`: the ids of the last N accepted commands of this key, so a client retry with the
-  same command id is rejected as a duplicate instead of applied twice.
+Each stored value is an `Entry` (contracts/codec.py): the user's state plus the offset of the
+last command applied and the ids of the last accepted commands, which make state
+effectively-once under at-least-once delivery.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection, State
-
-
-@dataclass(slots=True)
-class Entry:
-    state: State
-    offset: int = -1
-    command_ids: list[str] = field(default_factory=list)
-
-
-def encode_entry(entry: Entry) -> bytes:
-    return orjson.dumps((entry.offset, entry.command_ids, entry.state))
-
-
-def decode_entry(data: bytes) -> Entry:
-    offset, command_ids, state = orjson.loads(data)
-    return Entry(state=state, offset=offset, command_ids=command_ids)
+from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
+from enhydra.contracts.codec import Entry
+from enhydra.errors.failure import Failure, Stage
 
 
 @dataclass(slots=True)
@@ -57,25 +39,6 @@ class EmittedEvents:
     offset: int
     events: list[Event]
     payloads: list[bytes] = field(default_factory=list)  # the events, serialized
-
-
-class Stage(StrEnum):
-    """Where a record failed: reading it, running decide/apply, or serializing its outputs."""
-
-    DESERIALIZE = "deserialize"
-    PROCESS = "process"
-    PRODUCE = "produce"
-
-
-@dataclass(slots=True)
-class Failure:
-    """A record that could not be processed, and why; the error policies decide its fate."""
-
-    record: InputRecord
-    stage: Stage
-    error: BaseException
-    key: str | None = None
-    attempts: int = 1
 
 
 class OutputTooLarge(ValueError):

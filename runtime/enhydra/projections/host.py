@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from enhydra.errors.uncaught import EXIT_SHUTDOWN_CLIENT
-from enhydra.logs import get_logger
-from enhydra.plugins import all_projections
 from enhydra.projections.engine import ProjectionEngine
+from enhydra.projections.model import Projection
+from enhydra.settings import Settings
 
-if TYPE_CHECKING:
-    from enhydra.service import Service
-
-log = get_logger("enhydra.projections")
+Shutdown = Callable[..., None]  # (exit_code, message, **context): stop this instance
 
 
 class ProjectionHost:
@@ -22,22 +20,38 @@ class ProjectionHost:
     in `project` is treated like a failure of the stream worker: the instance exits with 1.
     """
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(
+        self,
+        settings: Settings,
+        projections: Sequence[tuple[Projection, str | None]],
+        events_topic: str,
+        *,
+        transient: tuple[type[BaseException], ...] = (),
+        shutdown: Shutdown,
+    ) -> None:
+        self.settings = settings
+        self.projections = projections
+        self.events_topic = events_topic
+        self.transient = transient
+        self.shutdown = shutdown
         self.engines: dict[str, ProjectionEngine] = {}
 
     async def start(self) -> None:
-        svc = self.service
-        events_topic = svc.bound.events_topic
-        for projection, plugin in all_projections(svc):
-            engine = ProjectionEngine(svc.settings, projection, events_topic, plugin=plugin)
+        for projection, plugin in self.projections:
+            engine = ProjectionEngine(
+                self.settings,
+                projection,
+                self.events_topic,
+                plugin=plugin,
+                transient=self.transient,
+            )
             engine.on_failure = self._failed(projection.name)
             self.engines[projection.name] = engine
             await engine.start()
 
-    def _failed(self, name: str):
+    def _failed(self, name: str) -> Callable[[BaseException], Any]:
         def on_failure(error: BaseException) -> None:
-            self.service.shutdown(
+            self.shutdown(
                 EXIT_SHUTDOWN_CLIENT,
                 "projection failed; shutting down this instance",
                 projection=name,

@@ -17,13 +17,25 @@ pure: the Kafka engine and unit tests run the same code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
 
 from enhydra.aggregate import Event, State
-from enhydra.processing.output import COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
+from enhydra.contracts.headers import Source, event_source
+
+__all__ = [
+    "EventRecord",
+    "FoldResult",
+    "ProjectedEntry",
+    "Projection",
+    "decode",
+    "encode",
+    "event_source",
+    "fold_batch",
+    "replay_projection",
+]
 
 Project = Callable[[State, Event], State]
 
@@ -48,9 +60,6 @@ class Projection:
 
     def changelog_topic(self, app_id: str) -> str:
         return f"{app_id}-{self.name}-changelog"
-
-
-Source = tuple[int, int]  # (command offset, event index): an event's place in its key's history
 
 
 @dataclass(slots=True)
@@ -83,22 +92,6 @@ class EventRecord:
     source: Source | None = None  # None: not published by an Enhydra service
 
 
-def event_source(headers: Iterable[tuple[str, bytes]] | None) -> Source | None:
-    """(command offset, event index) from an event's headers; None when either is missing."""
-    offset = index = None
-    for name, value in headers or ():
-        if name == COMMAND_OFFSET_HEADER:
-            offset = value
-        elif name == EVENT_INDEX_HEADER:
-            index = value
-    if offset is None or index is None:
-        return None
-    try:
-        return int(offset), int(index)
-    except ValueError:
-        return None
-
-
 @dataclass(slots=True)
 class FoldResult:
     changed: dict[str, ProjectedEntry | None] = field(default_factory=dict)  # None: deleted
@@ -106,14 +99,25 @@ class FoldResult:
     duplicates: int = 0  # published again by the service
     ignored: int = 0  # records without a key or a JSON object value: nothing to fold
     last_offset: int = -1
+    # A transient error stopped the fold at this record: (offset, error), retried later.
+    interrupted: tuple[int, BaseException] | None = None
 
 
 def fold_batch(
     projection: Projection,
     records: Iterable[EventRecord],
     load: Callable[[str], ProjectedEntry | None],
+    *,
+    transient: tuple[type[BaseException], ...] = (),
+    give_up: Mapping[int, int] | None = None,
 ) -> FoldResult:
-    """Fold one partition's events in offset order; keys changed earlier come from the batch."""
+    """Fold one partition's events in offset order; keys changed earlier come from the batch.
+
+    An error of a `transient` type in `project` stops the fold at that event (`interrupted`)
+    so it is retried after a backoff, unless its offset is in `give_up` (retried until
+    task_timeout already); any other error is raised: a read model must not skip an event.
+    """
+    give_up = give_up or {}
     result = FoldResult()
     project = projection.project
     for record in records:
@@ -137,7 +141,14 @@ def fold_batch(
                 continue
             source = source or entry.source
         state = entry.state if entry is not None else projection.initial_state
-        state = project(state, event)
+        try:
+            state = project(state, event)
+        except transient as exc:
+            if record.offset in give_up:
+                raise
+            result.interrupted = (record.offset, exc)
+            result.last_offset = record.offset - 1
+            break
         result.changed[key] = (
             None if state is None else ProjectedEntry(state, record.offset, source)
         )

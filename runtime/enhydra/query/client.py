@@ -22,7 +22,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from enhydra.processing.engine import partition_for
+from enhydra.contracts.partitioner import partition_for
 
 RETRIABLE = (0, 421, 502, 503)
 METADATA_TTL_S = 30.0

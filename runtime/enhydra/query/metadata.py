@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from enhydra.processing.engine import Role, partition_for
+from enhydra.contracts.partitioner import partition_for
+from enhydra.runner.tasks import Role
 
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine

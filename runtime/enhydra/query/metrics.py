@@ -11,7 +11,7 @@ import bisect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from enhydra.processing.engine import Role
+from enhydra.runner.tasks import Role
 from enhydra.stores.partition import memory_usage as store_memory_usage
 
 if TYPE_CHECKING:

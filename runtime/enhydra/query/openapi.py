@@ -127,6 +127,7 @@ class Route:
     response_schema: dict[str, Any] | None = None
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)  # response headers documented on 200
+    body: bool = False  # takes an optional JSON object body (args["body"], {} when absent)
 
     @property
     def operation_id(self) -> str:
@@ -163,7 +164,7 @@ def document(routes: Iterable[Route], *, title: str, version: str) -> dict[str, 
             statuses |= {401, 403}
         if route.auth == "admin":
             statuses.add(404)
-        if route.params:
+        if route.params or route.body:
             statuses.add(400)
         for status in sorted(statuses):
             response: dict[str, Any] = {"description": _DESCRIPTIONS.get(status, "")}
@@ -206,6 +207,11 @@ def document(routes: Iterable[Route], *, title: str, version: str) -> dict[str, 
                 }
                 for p in route.params
             ]
+        if route.body:
+            operation["requestBody"] = {
+                "required": False,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
         if route.auth == "query":
             operation["security"] = [{"queryToken": []}, {"adminToken": []}]
         elif route.auth == "admin":

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from enhydra.processing.core import decode_entry
+from enhydra.contracts.codec import decode_entry
 from enhydra.query.openapi import BadRequest
 from enhydra.stores.partition import PartitionStore
 

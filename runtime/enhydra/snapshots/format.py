@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from enhydra.processing.core import Entry, decode_entry
+from enhydra.contracts.codec import Entry, decode_entry
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from enhydra.logs import get_logger
 from enhydra.snapshots.format import (
@@ -37,6 +37,11 @@ from enhydra.snapshots.format import (
     write_partition_file,
 )
 from enhydra.snapshots.storage import open_storage
+
+if TYPE_CHECKING:
+    from enhydra.aggregate import BoundAggregate
+    from enhydra.runner.runner import TaskRunner
+    from enhydra.settings import Settings
 
 log = get_logger("enhydra.snapshots")
 
@@ -69,14 +74,24 @@ class _Collecting:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class SnapshotHost(Protocol):
+    """What live snapshots need from the instance they run in (the runtime)."""
+
+    settings: Settings
+
+    @property
+    def bound(self) -> BoundAggregate: ...
+
+    @property
+    def engine(self) -> TaskRunner | None: ...  # the current one: it is replaced after a crash
+
+    async def run_snapshot_hooks(self, phase: str, info: dict[str, Any]) -> None: ...
+
+
 class LiveSnapshots:
     """One per instance: takes its partitions' share and, on the coordinator, the whole."""
 
-    def __init__(
-        self,
-        owner: Any,  # the Service: settings, engine, bound aggregate, hooks
-        send: Send,
-    ) -> None:
+    def __init__(self, owner: SnapshotHost, send: Send) -> None:
         self.owner = owner
         self.send = send
         self._requests: dict[str, _Request] = {}

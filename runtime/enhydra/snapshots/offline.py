@@ -24,12 +24,12 @@ import pyarrow as pa
 from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
-from enhydra.control.channel import control_topic_name
+from enhydra.contracts.codec import decode_entry, encode_entry
+from enhydra.contracts.names import control_topic_name
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
 from enhydra.kafka.groups import commit_offsets, group_members
 from enhydra.kafka.reading import TopicMissing, end_offsets, partitions_of, read_to_end
 from enhydra.kafka.topics import TopicError, TopicSpec, ensure_topics, recreate_topics
-from enhydra.processing.core import decode_entry, encode_entry
 from enhydra.settings import Connection
 from enhydra.snapshots.format import (
     Cut,

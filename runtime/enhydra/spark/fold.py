@@ -34,7 +34,7 @@ import orjson
 import pyarrow as pa
 
 from enhydra.aggregate import Aggregate, loads
-from enhydra.processing.core import Entry, encode_entry
+from enhydra.contracts.codec import Entry, encode_entry
 
 COMMAND_ID_HEADER = "enhydra.command_id"
 COMMAND_OFFSET_HEADER = "enhydra.command_offset"

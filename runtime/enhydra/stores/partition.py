@@ -102,8 +102,12 @@ class PartitionStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        self._db = Rdict(str(path), options=_options(), column_families={META_FAMILY: _options()})
+        self._open()
+
+    def _open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        families = {META_FAMILY: _options()}
+        self._db = Rdict(str(self.path), options=_options(), column_families=families)
         self._meta_handle = self._db.get_column_family_handle(META_FAMILY)
         self._meta = self._db.get_column_family(META_FAMILY)
 
@@ -189,3 +193,9 @@ class PartitionStore:
     @staticmethod
     def wipe(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def reset(self) -> None:
+        """Empty this store, checkpoints included, keeping the object its holders refer to."""
+        self.close()
+        self.wipe(self.path)
+        self._open()

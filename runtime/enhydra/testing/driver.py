@@ -13,7 +13,9 @@ from typing import Any
 import orjson
 
 from enhydra.aggregate import Aggregate, Command, Event, State
-from enhydra.processing.core import Entry, Failure, InputRecord, process_batch
+from enhydra.contracts.codec import Entry
+from enhydra.errors.failure import Failure
+from enhydra.processing.core import InputRecord, process_batch
 from enhydra.service import Service
 
 

@@ -16,7 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from enhydra.aggregate import Aggregate
+from enhydra.contracts.fingerprint import fingerprint
+from enhydra.contracts.names import control_topic_name
 from enhydra.projections.model import Projection
+from enhydra.spec import ResolvedService
 
 if TYPE_CHECKING:
     from enhydra.service import Service
@@ -110,8 +113,6 @@ def build_topology(
     commands_topic: str | None = None,
 ) -> dict[str, Any]:
     """The topology of one service as JSON-ready data (pure: no settings, no broker)."""
-    from enhydra.control.channel import control_topic_name
-
     bound = aggregate.bind(app_id)
     if commands_topic:  # the settings may point the service at another input topic
         bound = dataclasses.replace(bound, commands_topic=commands_topic)
@@ -210,24 +211,23 @@ def build_topology(
     }
 
 
-def topology_of(service: Service) -> dict[str, Any]:
-    """The topology of a service as it would run with the current ENHYDRA_* environment."""
-    from enhydra.plugins import all_projections, load_plugins
+def topology_of(service: Service | ResolvedService) -> dict[str, Any]:
+    """The topology of a service as it would run with the current ENHYDRA_* environment.
 
-    load_plugins(service)
-    s = service.settings
+    A Service is resolved with the installed plugins first.
+    """
+    resolved = service if isinstance(service, ResolvedService) else service.resolved()
+    s = resolved.settings
     topology = build_topology(
         s.app_id,
-        service.aggregate,
+        resolved.aggregate,
         partitions=s.partitions,
         replication_factor=s.replication_factor,
-        dlq_topic=s.dlq_topic if service.policies.uses_dlq() else None,
-        projections=all_projections(service),
-        schemas=service.schemas,
-        commands_topic=service.bound.commands_topic,
+        dlq_topic=s.dlq_topic if resolved.policies.uses_dlq() else None,
+        projections=list(resolved.projections),
+        schemas=resolved.schemas,
+        commands_topic=resolved.bound.commands_topic,
     )
-    from enhydra.topology.fingerprint import fingerprint
-
     return {"format": topology.pop("format"), "fingerprint": fingerprint(topology), **topology}
 
 
@@ -253,6 +253,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     for name, kind in required.items():
         if not isinstance(raw.get(name), kind):
             raise TopologyError(f"{source}: {name!r} is missing or not a {kind.__name__}")
+    if not isinstance(raw.get("deployed", True), bool):
+        raise TopologyError(f"{source}: 'deployed' must be true or false")
     for section in ("input_topics", "output_topics", "stores", "internal_topics", "projections"):
         for item in raw[section]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):

@@ -231,10 +231,7 @@ class ChangelogReader:
                     checkpoint=checkpoint,
                     changelog_end=ends[tp],
                 )
-                path = copy.store.path
-                copy.store.close()
-                PartitionStore.wipe(path)
-                copy.store = PartitionStore(path)
+                copy.store.reset()  # in place: the task keeps the same store object
             self._checked.add(copy.store)
             self._consumer.seek(tp, copy.store.changelog_offset + 1)
 

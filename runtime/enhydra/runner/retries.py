@@ -36,3 +36,9 @@ class RetryTracker:
 
     def forget(self, partition: int, offset: int) -> None:
         self._state.pop((partition, offset), None)
+
+    def forget_through(self, partition: int, offset: int) -> None:
+        """Records up to `offset` were handled (applied, or failed for good): stop tracking them."""
+        if self._state:
+            for key in [k for k in self._state if k[0] == partition and k[1] <= offset]:
+                del self._state[key]

@@ -4,8 +4,7 @@ It covers the parts whose change `enhydra topology check` calls incompatible for
 the app id, the input topics (name, partitions, key), and the aggregate's stores (name,
 changelog, partitions, key and value serdes). Handler code, value schemas, the DLQ and
 projections are left out: they change in a rolling bounce, and a snapshot taken before such a
-change still fits the service after it. Snapshots record this fingerprint to refuse loading
-into a service whose partitions would mean other keys.
+change still fits the service after it. `enhydra topology` compares it; snapshots record it.
 """
 
 from __future__ import annotations
@@ -13,10 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from enhydra.service import Service
+from typing import Any
 
 
 def compatibility_view(topology: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,13 +46,7 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def fingerprint(target: Service | Mapping[str, Any]) -> str:
-    """`sha256:<hex>` of a service's (or a topology's) compatibility-relevant parts."""
-    from enhydra.service import Service
-
-    if isinstance(target, Service):
-        from enhydra.topology.model import topology_of
-
-        return str(topology_of(target)["fingerprint"])
-    view = compatibility_view(target)
+def fingerprint(topology: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of a topology's compatibility-relevant parts (topology/model.py)."""
+    view = compatibility_view(topology)
     return "sha256:" + hashlib.sha256(canonical_json(view)).hexdigest()

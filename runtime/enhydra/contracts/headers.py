@@ -1,0 +1,56 @@
+"""Headers on every event the runtime publishes, read back by whoever folds the events again.
+
+- `enhydra.command_id`: the command that caused the event, for deduplication when state is
+  rebuilt from events (the fold keeps the last ids, as the live store does);
+- `enhydra.command_offset`: the command's offset in the commands partition of the same number,
+  so a state rebuilt from events resumes on the commands topic exactly after it;
+- `enhydra.event_index`: the event's position among its command's events, which tells a
+  redelivered duplicate from the next event of the same command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+COMMAND_ID_HEADER = "enhydra.command_id"
+COMMAND_OFFSET_HEADER = "enhydra.command_offset"
+EVENT_INDEX_HEADER = "enhydra.event_index"
+
+# The index header of the positions commands commonly reach, built once (the hot path).
+_INDEX = [(EVENT_INDEX_HEADER, b"%d" % i) for i in range(16)]
+
+
+def event_headers(command_id: bytes, command_offset: int, index: int) -> list[tuple[str, bytes]]:
+    """The headers of the `index`-th event of the command at `command_offset`."""
+    return [
+        (COMMAND_ID_HEADER, command_id),
+        (COMMAND_OFFSET_HEADER, b"%d" % command_offset),
+        _INDEX[index] if index < 16 else (EVENT_INDEX_HEADER, b"%d" % index),
+    ]
+
+
+def header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
+    """The value of header `name`, or None."""
+    for key, value in headers or ():
+        if key == name:
+            return value
+    return None
+
+
+Source = tuple[int, int]  # (command offset, event index): an event's place in its key's history
+
+
+def event_source(headers: Iterable[tuple[str, bytes]] | None) -> Source | None:
+    """(command offset, event index) from an event's headers, or None if it has no such pair."""
+    offset = index = None
+    for name, value in headers or ():
+        if name == COMMAND_OFFSET_HEADER:
+            offset = value
+        elif name == EVENT_INDEX_HEADER:
+            index = value
+    if offset is None or index is None:
+        return None
+    try:
+        return int(offset), int(index)
+    except ValueError:
+        return None

@@ -1,0 +1,42 @@
+"""Kafka's default partitioner, so a key is routed where every Kafka producer would put it.
+
+Written here in plain Python (Kafka's `Utils.murmur2`, seed 0x9747b28c) rather than imported
+from a Kafka client, so a Spark executor or a query client needs no Kafka library to place a key;
+a unit test checks it against aiokafka's for many keys.
+"""
+
+from __future__ import annotations
+
+_SEED = 0x9747B28C
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """32-bit murmur2 of `data` as Kafka computes it (as an unsigned int, like aiokafka's)."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    end = length & ~3
+    for i in range(0, end, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[end + 2] << 16
+    if rest >= 2:
+        h ^= data[end + 1] << 8
+    if rest >= 1:
+        h ^= data[end]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition of `key` among `partitions`, as Kafka's default partitioner decides."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,148 @@
+"""The aggregate's step: decide/apply over one partition's records, and what it publishes.
+
+`process_batch` (core.py) is the pure part; this turns its result into what the task runner
+makes durable: events (with the contract headers), rejections and dead letters, in that order,
+then the changed entries. A record that failed goes to its error policy here: a dead letter
+with its origin, a log line, or a RecordFailed that stops the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from enhydra.aggregate import BoundAggregate, dumps
+from enhydra.contracts.codec import Entry, decode_entry, encode_entry
+from enhydra.contracts.headers import event_headers
+from enhydra.errors.dlq import dead_letter_headers
+from enhydra.errors.failure import Failure
+from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
+from enhydra.logs import get_logger
+from enhydra.processing.cache import EntryCache
+from enhydra.processing.core import BatchResult, process_batch
+from enhydra.runner.checkpoint import Out
+from enhydra.runner.runner import StepOutput
+from enhydra.runner.tasks import Task
+from enhydra.settings import Settings
+
+log = get_logger("enhydra.engine")
+
+
+def event_outputs(result: BatchResult) -> list[Out]:
+    """The batch's events in input order, each with the headers of the contract.
+
+    Built straight into one list because this runs once per output record.
+    """
+    events: list[Out] = []
+    append = events.append
+    for emitted in result.emitted:
+        key = emitted.key.encode("utf-8")
+        command_id = emitted.command_id.encode("utf-8")
+        for index, payload in enumerate(emitted.payloads):
+            append((key, payload, event_headers(command_id, emitted.offset, index)))
+    return events
+
+
+class AggregateStep:
+    """decide/apply for one partition's records (the runner's step for an aggregate)."""
+
+    counters = ("events", "rejections", "skipped")
+
+    def __init__(
+        self,
+        settings: Settings,
+        aggregate: BoundAggregate,
+        policies: ErrorPolicies,
+        transient: tuple[type[BaseException], ...],
+    ) -> None:
+        self.settings = settings
+        self.aggregate = aggregate
+        self.policies = policies
+        self.transient = transient
+
+    def new_cache(self) -> EntryCache:
+        return EntryCache(self.settings.state_cache_entries)
+
+    def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
+        store = task.store
+        cached = task.cache.get
+
+        def load(key: str) -> Entry | None:
+            entry = cached(key)
+            if entry is not None:
+                return entry
+            raw = store.get(key.encode("utf-8"))
+            return decode_entry(raw) if raw is not None else None
+
+        s = self.settings
+        agg = self.aggregate
+        result = process_batch(
+            agg.aggregate,
+            records,
+            load,
+            dedup_window=s.dedup_window,
+            transient=self.transient,
+            give_up=give_up,
+            max_output_bytes=s.max_output_bytes,
+        )
+        outputs: dict[str, list[Out]] = {}
+        events = event_outputs(result)
+        if events:
+            outputs[agg.events_topic] = events
+        if result.rejected:
+            outputs[agg.rejections_topic] = [
+                (r.key.encode("utf-8") if r.key is not None else None, dumps(r.to_value()), None)
+                for r in result.rejected
+            ]
+        letters = self._dead_letters(task.partition, result.failures)
+        if letters:
+            outputs[s.dlq_topic] = letters
+        interrupted = result.interrupted
+        changed = result.changed
+        return StepOutput(
+            outputs=outputs,
+            puts=[(k.encode("utf-8"), encode_entry(e)) for k, e in changed.items()],
+            last_offset=result.last_offset,
+            counts={
+                "events": result.event_count,
+                "rejections": len(result.rejected),
+                "skipped": result.skipped,
+            },
+            failed=[f"{f.stage}:{type(f.error).__name__}" for f in result.failures],
+            interrupted=(
+                (interrupted.record.offset, interrupted.error) if interrupted is not None else None
+            ),
+            persisted=lambda: task.cache.persisted(changed),
+        )
+
+    def _dead_letters(self, partition: int, failures: list[Failure]) -> list[Out]:
+        """Apply each failure's policy: dead letters to publish, a log line, or stop."""
+        s = self.settings
+        topic = self.aggregate.commands_topic
+        letters: list[Out] = []
+        for failure in failures:
+            action = self.policies.action(failure)
+            context = {
+                "stage": str(failure.stage),
+                "partition": partition,
+                "offset": failure.record.offset,
+                "key": failure.key,
+                "error": f"{type(failure.error).__name__}: {failure.error}",
+                "attempts": failure.attempts,
+            }
+            if fails(action):
+                log.error("record failed; stopping the worker", action=str(action), **context)
+                raise RecordFailed(failure, topic, partition)
+            if action is ErrorAction.DLQ:
+                headers = dead_letter_headers(
+                    failure,
+                    topic=topic,
+                    partition=partition,
+                    app_id=s.app_id,
+                    instance_id=s.instance_id,
+                )
+                letters.append((failure.record.key, failure.record.value, headers))
+                log.warning("record sent to the dead-letter queue", dlq=s.dlq_topic, **context)
+            else:
+                log.warning("record skipped", action=str(action), **context)
+        return letters

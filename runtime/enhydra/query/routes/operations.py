@@ -1,0 +1,79 @@
+"""Health, Prometheus metrics, the OpenAPI document and the status page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from enhydra.query.api import ApiContext, json_response, unavailable
+from enhydra.query.metrics import CONTENT_TYPE, Exposition, engine_metrics
+from enhydra.query.openapi import Route, document
+
+
+def _status_page() -> bytes:
+    return (resources.files("enhydra.query") / "static" / "index.html").read_bytes()
+
+
+def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
+    """`table` gives every route of the app, for the OpenAPI document."""
+    status_page = _status_page()
+
+    async def live(request: web.Request, args: dict[str, Any]) -> web.Response:
+        return json_response({"status": "live"})
+
+    async def ready(request: web.Request, args: dict[str, Any]) -> web.Response:
+        engine = ctx.engine()
+        if engine.ready and not engine.stopping:
+            return json_response({"status": "ready"})
+        raise unavailable(
+            "not ready",
+            tasks={p: t.status.value for p, t in engine.tasks.items()},
+            joined=engine.joined,
+            rebalancing=engine.rebalancing,
+        )
+
+    async def metrics(request: web.Request, args: dict[str, Any]) -> web.Response:
+        out = Exposition()
+        engine_metrics(out, ctx.get_engine(), ctx.store_name)
+        ctx.latency.write(out)
+        out.family("enhydra_http_forwards_total", "counter", "key queries forwarded, by outcome")
+        for outcome in ("ok", "unavailable", "rejected"):
+            out.add(
+                "enhydra_http_forwards_total",
+                "counter",
+                "",
+                ctx.forwards[outcome],
+                outcome=outcome,
+            )
+        return web.Response(body=out.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def openapi(request: web.Request, args: dict[str, Any]) -> web.Response:
+        return json_response(document(table(), title=f"{ctx.config.app_id} (Enhydra)", version="1"))
+
+    async def index(request: web.Request, args: dict[str, Any]) -> web.Response:
+        return web.Response(body=status_page, content_type="text/html", charset="utf-8")
+
+    return [
+        Route("GET", "/", index, "the status page", "operations", content_type="text/html"),
+        Route("GET", "/health/live", live, "the process answers", "operations"),
+        Route(
+            "GET",
+            "/health/ready",
+            ready,
+            "in the group, not rebalancing, every active task restored",
+            "operations",
+            responses=(200, 503),
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            metrics,
+            "Prometheus metrics (text exposition format)",
+            "operations",
+            content_type="text/plain",
+        ),
+        Route("GET", "/v1/openapi.json", openapi, "this document", "operations"),
+    ]

@@ -1,0 +1,331 @@
+"""The commit unit of a batch: publish, persist, commit, in the one order that loses nothing.
+
+1. publish the batch's outputs (events, rejections, dead letters) and its changelog records;
+2. persist: write the changed entries to RocksDB with the changelog offset (and the input
+   offset) in one WriteBatch;
+3. commit the input offsets.
+
+A crash before 1 completes redelivers the input; the state does not reflect it yet. A crash
+between 1 and 2 leaves a changelog ahead of the store: a restore catches up. A crash between 2
+and 3 redelivers input the store already reflects: every entry carries the input offset of the
+last command that changed it, so the redelivered records are skipped.
+
+Two guarantees, one interface (`write` returns what it made durable; `commit` is due):
+
+at_least_once: one idempotent producer. Outputs are acknowledged before the changelog records
+are sent, so a changelog entry (which marks its input as applied) never exists for a record
+whose outputs were lost; a crash in between duplicates outputs, never state. Input offsets are
+committed at most every `commit_interval_ms` (a late commit costs only skipped redeliveries).
+
+exactly_once: Kafka transactions, one transactional producer per task whose id is derived from
+the runner's prefix and the partition, so the next owner of a partition fences a zombie previous
+owner (aiokafka's TxnOffsetCommit carries no group generation). Outputs, changelog records and
+the input offsets commit together, inside the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from enhydra.kafka.clients import Producer, close, new_producer, start
+from enhydra.logs import get_logger
+from enhydra.settings import Settings
+from enhydra.stores.partition import PartitionStore
+
+log = get_logger("enhydra.checkpoint")
+
+# (key, value, headers) of one output record; its topic and partition are where it is grouped.
+Out = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+Put = tuple[bytes, bytes | None]  # a changelog record: key, new value (None deletes)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionWrite:
+    """What one partition's batch must make durable."""
+
+    partition: int
+    outputs: Mapping[str, list[Out]]  # topic -> records, published before the changelog
+    puts: list[Put]
+    last_offset: int  # the last input record handled; -1 when none was
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one partition's batch made durable."""
+
+    partition: int
+    changelog_offset: int | None  # the last changelog record written, if any
+    input_offset: int
+
+
+class OutputTooLargeForBatch(ValueError):
+    """A single record does not fit an empty producer batch (max_batch_size)."""
+
+
+class StaleBatch(RuntimeError):
+    """This process stalled long enough to have lost its tasks: the batch must not be written."""
+
+
+Guard = Callable[[], None]  # raises StaleBatch when the batch may no longer be this process's
+
+
+def _no_guard() -> None:
+    """Exactly-once needs none: the next owner's transactions fence this producer."""
+
+
+class Checkpoint(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def open_task(self, partition: int) -> None: ...
+    async def close_task(self, partition: int) -> None: ...
+    async def write(
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
+    ) -> list[Written]: ...
+    async def commit(self, force: bool = False) -> None: ...
+
+
+def _producer_settings(settings: Settings) -> dict:
+    return {
+        "acks": "all",
+        "enable_idempotence": True,
+        "linger_ms": settings.producer_linger_ms,
+        "max_batch_size": 256 * 1024,
+    }
+
+
+async def warm_up(producer: Producer, topics: list[str]) -> None:
+    """Learn where the output topics' partitions live now, not while the first batch waits."""
+    for topic in topics:
+        await producer.partitions_for(topic)
+
+
+def persist(written: list[tuple[PartitionWrite, int | None]], stores: Mapping[int, PartitionStore]):
+    """Step 2: the entries and both offsets, one WriteBatch per partition."""
+    result = []
+    for write, changelog_offset in written:
+        stores[write.partition].write(
+            write.puts, changelog_offset=changelog_offset, input_offset=write.last_offset
+        )
+        result.append(Written(write.partition, changelog_offset, write.last_offset))
+    return result
+
+
+async def send_in_batches(
+    producer: Producer, records: Mapping[tuple[str, int], list[Out]]
+) -> list[tuple[tuple[str, int], asyncio.Future]]:
+    """Send records grouped per topic-partition as whole record batches.
+
+    One future per batch instead of one coroutine and future per record: this is most of the
+    producer's per-record cost in Python. Each future resolves to (base metadata, count).
+    """
+    now_ms = int(time.time() * 1000)
+    sent: list[tuple[tuple[str, int], asyncio.Future]] = []
+
+    async def flush(tp: tuple[str, int], builder: object, count: int) -> None:
+        builder.close()  # type: ignore[attr-defined]
+        future = await producer.send_batch(builder, tp[0], partition=tp[1])
+        sent.append((tp, asyncio.ensure_future(_with_count(future, count))))
+
+    for tp, items in records.items():
+        builder = producer.create_batch()
+        count = 0
+        for key, value, headers in items:
+            appended = builder.append(key=key, value=value, timestamp=now_ms, headers=headers or [])
+            if appended is None:  # batch full: send it and start another
+                await flush(tp, builder, count)
+                builder = producer.create_batch()
+                count = 0
+                appended = builder.append(
+                    key=key, value=value, timestamp=now_ms, headers=headers or []
+                )
+                if appended is None:
+                    raise OutputTooLargeForBatch(f"a record for {tp[0]} exceeds the batch size")
+            count += 1
+        if count:
+            await flush(tp, builder, count)
+    return sent
+
+
+async def _with_count(future: asyncio.Future, count: int) -> tuple[object, int]:
+    return await future, count
+
+
+class AtLeastOnce:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client_id: str,
+        input_topic: str,
+        changelog_topic: str,
+        output_topics: list[str],
+        commit_offsets: Callable[[dict[TopicPartition, int]], Awaitable[None]],
+    ) -> None:
+        self.settings = settings
+        self.input_topic = input_topic
+        self.changelog_topic = changelog_topic
+        self.output_topics = output_topics
+        self._commit_offsets = commit_offsets
+        self._interval_s = settings.commit_interval_ms / 1000
+        self._pending: dict[TopicPartition, int] = {}
+        self._last_commit = 0.0
+        self._producer = new_producer(
+            settings.connection, client_id=client_id, **_producer_settings(settings)
+        )
+
+    async def start(self) -> None:
+        await start(self._producer, self.settings.connection)
+        await warm_up(self._producer, [*self.output_topics, self.changelog_topic])
+
+    async def stop(self) -> None:
+        await close(self._producer)
+
+    async def open_task(self, partition: int) -> None:
+        """Nothing per task: one producer serves them all."""
+
+    async def close_task(self, partition: int) -> None:
+        """Nothing per task: one producer serves them all."""
+
+    async def write(
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
+    ) -> list[Written]:
+        """Publish, then persist. `guard` is asked before each publish: a process that stalled
+        (and may have been removed from the group meanwhile) writes nothing more, so a zombie
+        never puts an old state into the changelog after the next owner's.
+        """
+        guard()
+        outputs = {
+            (topic, write.partition): records
+            for write in batch
+            for topic, records in write.outputs.items()
+            if records
+        }
+        acks = [future for _, future in await send_in_batches(self._producer, outputs)]
+        if acks:
+            await asyncio.gather(*acks)
+        guard()
+        changelog = {
+            (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
+            for w in batch
+            if w.puts
+        }
+        last: dict[int, int] = {}
+        for (_, partition), future in await send_in_batches(self._producer, changelog):
+            meta, count = await future
+            last[partition] = max(last.get(partition, -1), meta.offset + count - 1)
+        written = persist([(w, last.get(w.partition)) for w in batch], stores)
+        for w in batch:
+            if w.last_offset >= 0:
+                self._pending[TopicPartition(self.input_topic, w.partition)] = w.last_offset + 1
+        return written
+
+    async def commit(self, force: bool = False) -> None:
+        """Commit processed input offsets, at most every commit_interval_ms unless forced."""
+        if not self._pending:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_commit < self._interval_s:
+            return
+        offsets, self._pending = self._pending, {}
+        try:
+            await self._commit_offsets(offsets)
+            self._last_commit = now
+        except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+            # The records will be redelivered to the next owner, which skips what its
+            # restored state already reflects: a failed commit costs time, never correctness.
+            log.warning("commit failed; records will be redelivered and skipped", error=repr(exc))
+
+
+class ExactlyOnce:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client_id: str,
+        transactional_prefix: str,
+        group_id: str,
+        input_topic: str,
+        changelog_topic: str,
+        output_topics: list[str],
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self.transactional_prefix = transactional_prefix
+        self.group_id = group_id
+        self.input_topic = input_topic
+        self.changelog_topic = changelog_topic
+        self.output_topics = output_topics
+        self._producers: dict[int, Producer] = {}
+
+    async def start(self) -> None:
+        """Producers are per task; they start when a task becomes active."""
+
+    async def stop(self) -> None:
+        for partition in list(self._producers):
+            await self.close_task(partition)
+
+    async def open_task(self, partition: int) -> None:
+        """Initialising the task's transactional id fences any previous owner of it."""
+        if partition in self._producers:
+            return
+        producer = new_producer(
+            self.settings.connection,
+            client_id=f"{self.client_id}-p{partition}",
+            transactional_id=f"{self.transactional_prefix}{partition}",
+            **_producer_settings(self.settings),
+        )
+        await start(producer, self.settings.connection, doing="start a transactional producer")
+        await warm_up(producer, [*self.output_topics, self.changelog_topic])
+        self._producers[partition] = producer
+
+    async def close_task(self, partition: int) -> None:
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
+            await close(producer)
+
+    async def write(
+        self,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        guard: Guard = _no_guard,
+    ) -> list[Written]:
+        offsets = await asyncio.gather(*(self._transaction(w) for w in batch))
+        return persist(list(zip(batch, offsets, strict=True)), stores)
+
+    async def _transaction(self, write: PartitionWrite) -> int | None:
+        producer = self._producers[write.partition]
+        async with producer.transaction():
+            for topic, records in write.outputs.items():
+                for key, value, headers in records:
+                    await producer.send(
+                        topic, value, key=key, partition=write.partition, headers=headers
+                    )
+            futures = [
+                await producer.send(self.changelog_topic, v, key=k, partition=write.partition)
+                for k, v in write.puts
+            ]
+            if write.last_offset >= 0:
+                tp = TopicPartition(self.input_topic, write.partition)
+                await producer.send_offsets_to_transaction(
+                    {tp: OffsetAndMetadata(write.last_offset + 1, "")}, self.group_id
+                )
+        if not futures:
+            return None
+        return max(m.offset for m in await asyncio.gather(*futures))
+
+    async def commit(self, force: bool = False) -> None:
+        """Offsets were committed in each batch's transaction."""
