@@ -35,10 +35,7 @@ import pyarrow as pa
 
 from enhydra.aggregate import Aggregate, loads
 from enhydra.contracts.codec import Entry, encode_entry
-
-COMMAND_ID_HEADER = "enhydra.command_id"
-COMMAND_OFFSET_HEADER = "enhydra.command_offset"
-EVENT_INDEX_HEADER = "enhydra.event_index"
+from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 
 # fold_order: the rows' sort position when they are not sorted by key itself (Spark sorts by a
 # hash of the key first: keys often share long prefixes, which defeat its prefix sort). None

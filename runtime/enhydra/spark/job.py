@@ -503,10 +503,3 @@ def summary(result: BackfillResult) -> str:
     if result.emitted is not None:
         lines.append(f"  corrected events written: {result.emitted}")
     return "\n".join(lines)
-
-
-def main(target: str | None = None, argv: list[str] | None = None, **kwargs: Any) -> None:
-    """`jobs/backfill.py` of services generated before the command moved to the CLI."""
-    from enhydra.cli.backfill import main as cli_main
-
-    cli_main(target, argv, **kwargs)

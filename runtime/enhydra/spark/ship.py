@@ -7,9 +7,10 @@ it with `SparkContext.addPyFile` (what `spark-submit --py-files` does), on every
 
 - the service's own package (the top-level package of the aggregate's functions, found from
   the functions themselves, so `ledger.domain.apply` ships `ledger/`);
-- Enhydra's pure parts (`EXECUTOR_MODULES`): the programming model, the entry codec, the
-  snapshot format and the Spark code. None of them imports faust, aiokafka, rocksdict or
-  structlog at import time (tests/spark/test_imports.py keeps it so). The Kafka access layer
+- Enhydra's pure parts (`EXECUTOR_MODULES`): the programming model, the contracts (entry
+  codec, header names, partitioner), the snapshot format and the Spark code. None of them
+  imports faust, aiokafka, rocksdict or structlog at import time (tests/spark/test_imports.py
+  keeps it so). The Kafka access layer
   (`READER_MODULES`) rides along for the Python reader; only that reader imports it.
 
 Why a zip of sources and not an environment archive (venv-pack, conda-pack): these are pure
@@ -45,8 +46,12 @@ EXECUTOR_MODULES = (
     "enhydra",
     "enhydra.aggregate",
     "enhydra.windows",
-    "enhydra.processing",
-    "enhydra.processing.core",
+    "enhydra.contracts",
+    "enhydra.contracts.codec",
+    "enhydra.contracts.fingerprint",
+    "enhydra.contracts.headers",
+    "enhydra.contracts.names",
+    "enhydra.contracts.partitioner",
     "enhydra.snapshots",
     "enhydra.snapshots.format",
     "enhydra.spark",
