@@ -46,8 +46,8 @@ OTHERS = {
         ["--keys", "500000", "--repeat", "3"],
     ),
     "spark_fold.py": (
-        ["--events", "500000", "--accounts", "50000", "--cores", "1,2", "--repeat", "3"],
-        ["--events", "100000", "--accounts", "10000", "--cores", "1,2", "--repeat", "3"],
+        ["--events", "1000000", "--accounts", "50000", "--rounds", "3"],
+        ["--events", "100000", "--accounts", "10000", "--rounds", "3"],
     ),
     "query_latency.py": (
         ["--rate", "500", "--seconds", "4", "--rounds", "3"],
