@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from enhydra.contracts.codec import decode_entry
+from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.snapshots.format import open_snapshot
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 from ledger.workload import generate, model
@@ -257,6 +258,40 @@ def test_time_travel_equals_the_model_of_the_events_up_to_that_time(
     account = sorted(model(early))[0]
     shown = cli("snapshot", "query", str(out), "accounts", account).stdout
     assert json.loads(shown) == model(early)[account]
+
+
+def test_time_travel_folds_a_republished_duplicate_once_like_the_backfill(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    """A crash between publishing a batch's events and writing the store publishes them again
+    on redelivery; a copy that directly follows its original is told apart only by its
+    `enhydra.event_index`. Time travel once ignored that header and applied it twice."""
+    one = service_factory(TARGET, "dup")
+    one.wait_ready()
+    commands = generate(20, 200, seed=131)
+    feed(kafka_bootstrap, app_id, commands)
+    events = asyncio.run(read_topic(kafka_bootstrap, f"{app_id}-events"))
+    last_of_key = {r.key: r for r in sorted(events, key=lambda r: (r.partition, r.offset))}
+    copied = next(r for r in last_of_key.values() if orjson.loads(r.value).get("amount"))
+    assert one.stop() == 0  # nothing else is published for that key: the copy follows it
+
+    async def republish() -> None:
+        async with open_producer(as_connection(kafka_bootstrap), acks="all") as producer:
+            await producer.send_and_wait(
+                copied.topic,
+                copied.value,
+                key=copied.key,
+                partition=copied.partition,
+                headers=list(copied.headers),
+            )
+
+    asyncio.run(republish())
+    out = tmp_path / "asof"
+    cli(
+        *("snapshot", "at", TARGET, "--app", app_id, "--output", str(out)),
+        *("--time", dt.datetime.now(dt.UTC).isoformat(), "--bootstrap", kafka_bootstrap),
+    )
+    assert states(open_snapshot(out)) == model(commands)
 
 
 def test_restore_brings_an_app_back_to_a_snapshot_and_reprocesses_after_the_cut(

@@ -12,13 +12,14 @@ import random
 from typing import Any
 
 import orjson
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enhydra.aggregate import Aggregate, Rejection
 from enhydra.contracts.codec import Entry, decode_entry
+from enhydra.contracts.fold_input import kafka_events_batch
+from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 from enhydra.processing.core import InputRecord, process_batch
 from enhydra.snapshots.format import partition_for
 from enhydra.spark.fold import EventFold, FoldError, fold_batches
@@ -88,17 +89,15 @@ def fold(
 ) -> dict[bytes, Entry]:
     """Sort like the Spark job, cut into batches of random sizes, fold."""
     rows = sorted(rows, key=lambda r: (r[0], r[1], r[2]))
-    names = ["key", "partition", "offset", "value", "command_id", "command_offset", "index"]
-    types = [pa.binary(), pa.int32(), pa.int64(), pa.binary(), pa.binary(), pa.binary()]
-    types.append(pa.binary())
+    records = [
+        (key, p, offset, value, _headers(cid, coff, index))
+        for key, p, offset, value, cid, coff, index in rows
+    ]
     rng = random.Random(seed)
     batches, i = [], 0
-    while i < len(rows):
+    while i < len(records):  # Kafka-shaped batches, as both readers hand them to the fold
         size = rng.randint(1, 9)
-        chunk = rows[i : i + size]
-        columns = zip(*chunk, strict=True)
-        arrays = [pa.array(list(col), t) for col, t in zip(columns, types, strict=True)]
-        batches.append(pa.RecordBatch.from_arrays(arrays, names=names))
+        batches.append(kafka_events_batch(records[i : i + size]))
         i += size
     out: dict[bytes, Entry] = {}
     for batch in fold_batches(batches, aggregate, dedup_window=window):
@@ -109,6 +108,12 @@ def fold(
             assert row["last_offset"] == out[row["key"]].offset
             assert row["key_text"] == row["key"].decode()
     return out
+
+
+def _headers(cid: Any, coff: Any, index: Any) -> list[tuple[str, bytes]]:
+    names = (COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER)
+    named = zip(names, (cid, coff, index), strict=True)
+    return [(name, value) for name, value in named if value is not None]
 
 
 def same(a: dict[bytes, Entry], b: dict[bytes, Entry]) -> None:

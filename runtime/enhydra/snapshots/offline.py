@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow as pa
 from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
+from enhydra.contracts.fold_input import kafka_events_batch
 from enhydra.contracts.names import control_topic_name
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
 from enhydra.kafka.groups import commit_offsets, group_members
@@ -45,6 +45,7 @@ from enhydra.snapshots.format import (
 from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
 
 Progress = Callable[[int], None]  # advance by n
+_FOLD_BATCH = 10_000  # events per Arrow batch of the time-travel fold
 
 
 # ---------------------------------------------------------------------------- live request
@@ -254,24 +255,12 @@ async def snapshot_at(
         as_connection(conn), bound.events_topic, until_ms, progress
     )
     events.sort(key=lambda row: (row[0], row[1], row[2]))
-    table = pa.table(
-        {
-            "key": pa.array([r[0] for r in events], pa.binary()),
-            "partition": pa.array([r[1] for r in events], pa.int32()),
-            "offset": pa.array([r[2] for r in events], pa.int64()),
-            "value": pa.array([r[3] for r in events], pa.binary()),
-            # raw header bytes, as the Kafka sources hand them to the fold
-            "command_id": pa.array(
-                [_header(r[4], "enhydra.command_id") for r in events], pa.binary()
-            ),
-            "command_offset": pa.array(
-                [_header(r[4], "enhydra.command_offset") for r in events], pa.binary()
-            ),
-        }
-    )
+    batches = [
+        kafka_events_batch(events[i : i + _FOLD_BATCH]) for i in range(0, len(events), _FOLD_BATCH)
+    ]
     per_partition: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in partitions}
     last: dict[int, int] = dict.fromkeys(partitions, -1)
-    for batch in fold_batches(table.to_batches(), bound.aggregate, dedup_window=dedup_window):
+    for batch in fold_batches(batches, bound.aggregate, dedup_window=dedup_window):
         for key, partition, value, offset in zip(
             batch.column("key").to_pylist(),
             batch.column("partition").to_pylist(),
@@ -298,10 +287,3 @@ async def snapshot_at(
         writer.write_partition(partition, sorted(rows))
     cut = Cut(bound.commands_topic, {p: last[p] + 1 for p in partitions})
     return writer.finish(cut, partitions=len(partitions))
-
-
-def _header(headers: list, name: str) -> bytes | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None

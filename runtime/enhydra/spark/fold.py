@@ -35,21 +35,9 @@ import pyarrow as pa
 
 from enhydra.aggregate import Aggregate, loads
 from enhydra.contracts.codec import Entry, encode_entry
+from enhydra.contracts.fold_input import fold_input
 from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 
-# fold_order: the rows' sort position when they are not sorted by key itself (Spark sorts by a
-# hash of the key first: keys often share long prefixes, which defeat its prefix sort). None
-# means sorted by key.
-INPUT_COLUMNS = [
-    "key",
-    "partition",
-    "offset",
-    "value",
-    "command_id",
-    "command_offset",
-    "index",
-    "fold_order",
-]
 OUTPUT_SCHEMA = pa.schema(
     [
         ("key", pa.binary()),
@@ -282,7 +270,8 @@ def fold_batches(
     *,
     dedup_window: int = 100,
 ) -> Iterator[pa.RecordBatch]:
-    """Fold Arrow batches sorted by (key, partition, offset) into one row per key."""
+    """Fold Kafka-shaped Arrow batches (see contracts/fold_input.py), sorted by (key,
+    partition, offset), into one row per key."""
     fold = EventFold(
         aggregate.apply, initial_state=aggregate.initial_state, dedup_window=dedup_window
     )
@@ -290,11 +279,7 @@ def fold_batches(
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        names = batch.schema.names
-        columns = [
-            batch.column(name).to_pylist() if name in names else [None] * batch.num_rows
-            for name in INPUT_COLUMNS
-        ]
+        columns = [column.to_pylist() for column in fold_input(batch).columns]
         pending.extend(fold.feed(zip(*columns, strict=True)))
         if len(pending) >= _OUT_ROWS:
             yield _output_batch(pending)
@@ -334,11 +319,7 @@ def applied_events(
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        names = batch.schema.names
-        columns = [
-            batch.column(name).to_pylist() if name in names else [None] * batch.num_rows
-            for name in INPUT_COLUMNS
-        ]
+        columns = [column.to_pylist() for column in fold_input(batch).columns]
         fold.feed(zip(*columns, strict=True))
         if fold.kept:
             yield _events_batch(fold.kept)
@@ -420,25 +401,13 @@ SPARK_OUTPUT_DDL = OUTPUT_DDL + ", task int"
 # --------------------------------------------------------------------------- spark
 
 
-def _header(name: str) -> str:
-    # first value of the header `name`: array_position is compiled by Spark, while a lambda
-    # (filter(headers, h -> ...)) is interpreted per row and cost 4x the read of the events
-    return f"get(headers.value, array_position(headers.key, '{name}') - 1)"
-
-
 def prepare_events(events: Any) -> Any:
-    """Project the events to what the fold needs; headers become columns in the JVM."""
+    """Project the events to what the fold reads; executors take the headers apart
+    (`fold_input`, the one definition every fold path shares)."""
     from pyspark.sql import functions as F
 
     return events.select(
-        "key",
-        "partition",
-        "offset",
-        "value",
-        F.expr(_header(COMMAND_ID_HEADER)).alias("command_id"),
-        F.expr(_header(COMMAND_OFFSET_HEADER)).alias("command_offset"),
-        F.expr(_header(EVENT_INDEX_HEADER)).alias("index"),
-        F.xxhash64("key").alias("fold_order"),
+        "key", "partition", "offset", "value", "headers", F.xxhash64("key").alias("fold_order")
     )
 
 

@@ -49,6 +49,7 @@ EXECUTOR_MODULES = (
     "enhydra.contracts",
     "enhydra.contracts.codec",
     "enhydra.contracts.fingerprint",
+    "enhydra.contracts.fold_input",
     "enhydra.contracts.headers",
     "enhydra.contracts.names",
     "enhydra.contracts.partitioner",
