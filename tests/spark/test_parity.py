@@ -21,7 +21,8 @@ import orjson
 import pytest
 
 from enhydra.contracts.codec import Entry, decode_entry
-from enhydra.snapshots import load_into_stores, open_snapshot, topology_fingerprint
+from enhydra.contracts.fingerprint import store_fingerprint
+from enhydra.snapshots import load_into_stores, open_snapshot
 from enhydra.spark.fold import fold_events
 from enhydra.spark.job import run_backfill
 from enhydra.spark.source import read_events
@@ -148,7 +149,7 @@ def test_snapshot_holds_the_live_entries_and_loads_into_stores(
         snapshot=tmp_path / "snap",
         output=str(tmp_path / "state.parquet"),
     )
-    fingerprint = topology_fingerprint(
+    fingerprint = store_fingerprint(
         app_id=app_id,
         store="accounts",
         partitions=PARTITIONS,

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enhydra.contracts.codec import Entry, decode_entry, encode_entry
+from enhydra.contracts.fingerprint import accepted_store_fingerprints, store_fingerprint
 from enhydra.snapshots import (
     MANIFEST,
     Cut,
@@ -21,13 +22,12 @@ from enhydra.snapshots import (
     SnapshotWriter,
     load_into_stores,
     open_snapshot,
-    topology_fingerprint,
 )
 from enhydra.snapshots.format import partition_for, reset_input_offsets
 from enhydra.stores.partition import PartitionStore
 
 PARTITIONS = 3
-FINGERPRINT = topology_fingerprint(
+FINGERPRINT = store_fingerprint(
     app_id="bank",
     store="accounts",
     partitions=PARTITIONS,
@@ -207,7 +207,7 @@ def test_refuses_a_missing_file(tmp_path: Path) -> None:
 
 def test_refuses_a_foreign_fingerprint_unless_forced(tmp_path: Path) -> None:
     directory = write_snapshot(tmp_path / "s", entries(10))
-    other = topology_fingerprint(
+    other = store_fingerprint(
         app_id="bank",
         store="accounts",
         partitions=6,
@@ -309,10 +309,42 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
         "commands_topic": "bank-commands",
         "changelog_topic": "bank-accounts-changelog",
     }
-    assert topology_fingerprint(**args) == FINGERPRINT
+    assert store_fingerprint(**args) == FINGERPRINT
     assert FINGERPRINT.startswith("sha256:") and len(FINGERPRINT) == 7 + 64
     for name, other in [("app_id", "x"), ("store", "y"), ("partitions", 4)]:
-        assert topology_fingerprint(**{**args, name: other}) != FINGERPRINT
+        assert store_fingerprint(**{**args, name: other}) != FINGERPRINT
+
+
+def test_a_snapshot_from_before_the_one_fingerprint_still_opens_and_a_foreign_one_does_not(
+    tmp_path,
+) -> None:
+    """Snapshots once recorded their own hash of the store's identity; restores keep
+    accepting it, while any change to the identity is still refused."""
+    args = {
+        "app_id": "bank",
+        "store": "accounts",
+        "partitions": 3,
+        "commands_topic": "bank-commands",
+        "changelog_topic": "bank-accounts-changelog",
+    }
+    current, legacy = accepted_store_fingerprints(**args)
+    assert current == store_fingerprint(**args) != legacy
+    assert legacy == "sha256:864d5619d9473be25ff9bbf3ad816265e25983bc98c93e05bc26780d8808a525"
+    for fingerprint in (current, legacy):
+        writer = SnapshotWriter(
+            tmp_path / fingerprint[7:15],
+            app_id="bank",
+            store="accounts",
+            fingerprint=fingerprint,
+            source="test",
+        )
+        for p in range(3):
+            writer.write_partition(p, [])
+        writer.finish(Cut("bank-commands", {0: 0, 1: 0, 2: 0}), partitions=3)
+        assert open_snapshot(tmp_path / fingerprint[7:15], accepted_store_fingerprints(**args))
+        other = accepted_store_fingerprints(**{**args, "partitions": 4})
+        with pytest.raises(SnapshotError, match="different topology"):
+            open_snapshot(tmp_path / fingerprint[7:15], other)
 
 
 # ---------------------------------------------------------------- columns cut from stored bytes

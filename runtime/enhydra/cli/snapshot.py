@@ -20,9 +20,10 @@ from enhydra.cli.common import (
     target_or_alias,
 )
 from enhydra.contracts.codec import decode_entry
+from enhydra.contracts.fingerprint import accepted_store_fingerprints
 from enhydra.service import Service
 from enhydra.settings import Connection
-from enhydra.snapshots.format import SnapshotError, open_snapshot, topology_fingerprint
+from enhydra.snapshots.format import SnapshotError, open_snapshot
 from enhydra.snapshots.offline import clone, request_snapshot, restore, snapshot_at
 from enhydra.snapshots.storage import FileStorage, S3Storage, open_snapshot_at, open_storage
 
@@ -76,12 +77,12 @@ def _open(location: str, *, service: Service | None = None, force: bool = False)
         if service is not None:
             snap = open_snapshot(directory, verify=False)
             bound = service.bound
-            expected = topology_fingerprint(
+            expected = accepted_store_fingerprints(
                 app_id=snap.manifest.app_id,
                 store=bound.name,
                 partitions=service.settings.partitions,
                 commands_topic=snap.manifest.cut.topic,
-                changelog_topic=f"{snap.manifest.app_id}-{bound.name}-changelog",
+                changelog_topic=bound.aggregate.bind(snap.manifest.app_id).changelog_topic,
             )
         return open_snapshot(directory, expected, force=force)
     except SnapshotError as exc:

@@ -16,7 +16,6 @@ from enhydra.snapshots.format import (
     load_into_stores,
     open_snapshot,
     partition_file,
-    topology_fingerprint,
     write_partition_file,
 )
 
@@ -32,6 +31,5 @@ __all__ = [
     "load_into_stores",
     "open_snapshot",
     "partition_file",
-    "topology_fingerprint",
     "write_partition_file",
 ]

@@ -24,7 +24,7 @@ import queue
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -92,24 +92,6 @@ class SnapshotError(Exception):
 
 
 # --------------------------------------------------------------------------- small pieces
-
-
-def topology_fingerprint(
-    *, app_id: str, store: str, partitions: int, commands_topic: str, changelog_topic: str
-) -> str:
-    """What must match for a snapshot's partitions to mean the same keys in another service."""
-    canonical = json.dumps(
-        {
-            "app_id": app_id,
-            "store": store,
-            "partitions": partitions,
-            "commands_topic": commands_topic,
-            "changelog_topic": changelog_topic,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def partition_file(store: str, partition: int) -> str:
@@ -882,7 +864,7 @@ class Snapshot:
 
 def open_snapshot(
     directory: Path | str,
-    expected_fingerprint: str | None = None,
+    expected_fingerprint: str | Collection[str] | None = None,
     *,
     force: bool = False,
     verify: bool = True,
@@ -900,11 +882,17 @@ def open_snapshot(
             "before finishing; take it again)"
         )
     manifest = _parse_manifest(manifest_path)
-    foreign = expected_fingerprint is not None and manifest.fingerprint != expected_fingerprint
+    accepted = (
+        {expected_fingerprint} if isinstance(expected_fingerprint, str) else expected_fingerprint
+    )
+    foreign = accepted is not None and manifest.fingerprint not in accepted
     if foreign and not force:
+        expected = (
+            expected_fingerprint if isinstance(expected_fingerprint, str) else next(iter(accepted))
+        )
         raise SnapshotError(
             f"{root} was taken from a different topology (fingerprint "
-            f"{manifest.fingerprint}, expected {expected_fingerprint}: app id, store, "
+            f"{manifest.fingerprint}, expected {expected}: app id, store, "
             "partitions or topics differ); pass force=True (--force) to use it anyway"
         )
     seen: set[int] = set()

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from enhydra.contracts.fingerprint import store_fingerprint
 from enhydra.logs import get_logger
 from enhydra.snapshots.format import (
     FORMAT_VERSION,
@@ -33,7 +34,6 @@ from enhydra.snapshots.format import (
     PartitionFile,
     SnapshotError,
     partition_file,
-    topology_fingerprint,
     write_partition_file,
 )
 from enhydra.snapshots.storage import open_storage
@@ -236,7 +236,7 @@ class LiveSnapshots:
 
     def fingerprint(self) -> str:
         s, bound = self.owner.settings, self.owner.bound
-        return topology_fingerprint(
+        return store_fingerprint(
             app_id=s.app_id,
             store=bound.name,
             partitions=s.partitions,

@@ -24,6 +24,7 @@ import orjson
 from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
+from enhydra.contracts.fingerprint import store_fingerprint
 from enhydra.contracts.fold_input import kafka_events_batch
 from enhydra.contracts.names import control_topic_name
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
@@ -40,7 +41,6 @@ from enhydra.snapshots.format import (
     SnapshotWriter,
     read_ahead,
     reset_input_offsets,
-    topology_fingerprint,
 )
 from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
 
@@ -274,7 +274,7 @@ async def snapshot_at(
         output,
         app_id=app_id,
         store=bound.name,
-        fingerprint=topology_fingerprint(
+        fingerprint=store_fingerprint(
             app_id=app_id,
             store=bound.name,
             partitions=len(partitions),

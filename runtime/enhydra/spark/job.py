@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from enhydra.aggregate import Aggregate
+from enhydra.contracts.fingerprint import store_fingerprint
 from enhydra.logs import get_logger
 from enhydra.snapshots.format import (
     Cut,
     Manifest,
     PartitionFile,
     SnapshotWriter,
-    topology_fingerprint,
 )
 from enhydra.spark.fold import FoldError, fold_events, load_aggregate
 from enhydra.spark.partition_files import FILE_DDL, SnapshotPartitions
@@ -279,7 +279,7 @@ def plan_backfill(
             Path(snapshot),
             app_id=app_id,
             store=bound.name,
-            fingerprint=topology_fingerprint(
+            fingerprint=store_fingerprint(
                 app_id=app_id,
                 store=bound.name,
                 partitions=len(ranges),
