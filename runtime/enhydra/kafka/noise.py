@@ -68,4 +68,3 @@ class ConnectionNoise(logging.Filter):
             record.msg = f"{template} (and {seen.held_back} more like it since the last one)"
         seen.last_shown, seen.held_back = now, 0
         return True
-
