@@ -32,7 +32,15 @@ lint: setup
 	$(VENV)/bin/ruff check runtime tests examples scripts
 	$(VENV)/bin/ruff format --check runtime tests examples scripts
 
-bench: setup
+# The competitors, the profiler and the plots (`.[bench]`), for `make bench` only: `make setup`
+# and `make test` stay as fast as before.
+BENCH_STAMP := $(VENV)/.enhydra-bench-installed
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	@touch $(BENCH_STAMP)
+
+bench: setup $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from enhydra.broker.local import LocalBroker
 from enhydra.contracts.partitioner import partition_for
+from enhydra.devtools.broker import LocalBroker
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]

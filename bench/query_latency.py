@@ -1,7 +1,7 @@
 """Key query latency: answered locally vs forwarded to the owning instance, side by side.
 
-    .venv/bin/python bench/query_latency.py                     # 1000 req/s, 2 x 10 s per kind
-    .venv/bin/python bench/query_latency.py --rate 500 --seconds 5 --rounds 1
+    .venv/bin/python bench/query_latency.py                     # 1000 req/s, 3 x 10 s per kind
+    .venv/bin/python bench/query_latency.py --rate 500 --seconds 5 --rounds 3
 
 Two ledger instances (real processes, 4 partitions, no standbys) on a fresh broker hold
 `--accounts` accounts. An open-loop load generator on loopback (aiohttp, keep-alive) sends
@@ -9,8 +9,9 @@ Two ledger instances (real processes, 4 partitions, no standbys) on a fresh brok
 whose partition A runs, "forwarded" for keys that B runs, so A forwards each request once.
 Latency is measured from the moment a request was due, not when it was sent, so a generator
 or server falling behind shows up in the numbers instead of hiding (coordinated omission).
-The kinds alternate in rounds so drift on a shared machine hits both; every request is
-bounded by a 5 s timeout and the run by rounds x seconds. The CPU time each instance spent
+The kinds alternate in rounds so drift on a shared machine hits both, and each ratio is the
+median of the per-round ratios (at least 3 rounds); every request is bounded by a 5 s timeout
+and the run by rounds x seconds. The CPU time each instance spent
 per request (from /proc) is printed too: unlike the tail latencies, it does not depend on
 what else the machine is running.
 """
@@ -87,7 +88,8 @@ async def measure(args: argparse.Namespace, a: ServiceProcess, b: ServiceProcess
     connector = aiohttp.TCPConnector(limit=200)
     timeout = aiohttp.ClientTimeout(total=5)
     results: dict[str, dict] = {
-        k: {"lat": [], "errors": 0, "rates": [], "cpu_a": 0.0, "cpu_b": 0.0} for k in keys
+        k: {"lat": [], "rounds": [], "errors": 0, "rates": [], "cpu_a": 0.0, "cpu_b": 0.0}
+        for k in keys
     }
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         progress("warming up (2 s, both kinds)")
@@ -101,6 +103,7 @@ async def measure(args: argparse.Namespace, a: ServiceProcess, b: ServiceProcess
                 results[kind]["cpu_a"] += cpu_seconds(a) - before[0]
                 results[kind]["cpu_b"] += cpu_seconds(b) - before[1]
                 results[kind]["lat"] += latencies
+                results[kind]["rounds"].append(latencies)
                 results[kind]["errors"] += errors
                 results[kind]["rates"].append(achieved)
                 progress(
@@ -181,26 +184,33 @@ def run(args: argparse.Namespace, bootstrap: str, root: Path) -> None:
                 f"{res['cpu_b'] * 1000 / max(1, len(lat)):.3f}",
             ]
         )
-    local, forwarded = results["local"]["lat"], results["forwarded"]["lat"]
     print()
     print(f"key queries at {args.rate} req/s, {args.rounds} x {args.seconds} s per kind")
     print(f"machine: {machine()}; load average {load_average()}")
     headers = ["kind", "ok", "errors", "req/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"]
     headers += ["A cpu ms/req", "B cpu ms/req"]
     print(table(headers, rows))
-    p50 = percentile(forwarded, 0.5) / percentile(local, 0.5)
-    p99 = percentile(forwarded, 0.99) / percentile(local, 0.99)
-    print(f"forwarded / local: p50 x{p50:.2f}, p99 x{p99:.2f}")
+    per_round = list(zip(results["forwarded"]["rounds"], results["local"]["rounds"], strict=True))
+
+    def ratio(q: float) -> float:
+        return statistics.median(percentile(f, q) / percentile(l_, q) for f, l_ in per_round)
+
+    print(
+        f"forwarded / local (median of {len(per_round)} per-round ratios): "
+        f"p50 x{ratio(0.5):.2f}, p99 x{ratio(0.99):.2f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1000, help="requests per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="per kind and round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="per kind (at least 3)")
     parser.add_argument("--accounts", type=int, default=2000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting a fresh one")
     args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3: every ratio is a median of 3 or more rounds")
     if args.bootstrap:
         with tempfile.TemporaryDirectory(prefix="enhydra-bench-") as tmp:
             run(args, args.bootstrap, Path(tmp))

@@ -1,7 +1,7 @@
 """Changelog restore rate: Enhydra's ChangelogReader vs a raw consume of the same changelog.
 
     .venv/bin/python bench/state_restore.py                    # 1M keys, 3 repeats
-    .venv/bin/python bench/state_restore.py --keys 200000 --repeat 2 --profile
+    .venv/bin/python bench/state_restore.py --keys 200000 --repeat 3 --profile
 
 Restore speed is what decides how long a task is unavailable after losing its instance without
 a standby, so it is measured against the floor that matters: reading the same bytes from the
@@ -264,8 +264,9 @@ async def profile_restore(bootstrap: str, root: Path) -> None:
     try:
         from pyinstrument import Profiler
     except ImportError:
-        progress("--profile needs pyinstrument: .venv/bin/pip install pyinstrument")
-        return
+        raise SystemExit(
+            "--profile needs pyinstrument: pip install -e '.[bench]' (make bench does)"
+        ) from None
     workdir = Path(tempfile.mkdtemp(prefix="profile-", dir=root))
     profiler = Profiler(interval=0.001, async_mode="disabled")
     profiler.start()
@@ -320,6 +321,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one extra restore")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (broker, stores)")
     args = parser.parse_args()
+    if args.repeat < 3:
+        parser.error("--repeat must be at least 3: every ratio is a median of 3 or more runs")
+    if args.profile:
+        try:
+            import pyinstrument  # noqa: F401
+        except ImportError:
+            parser.error("--profile needs pyinstrument: pip install -e '.[bench]'")
     configure_logging(fmt="console", level="warning")  # the reader's progress logs off
     asyncio.run(main_async(args))
 

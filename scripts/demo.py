@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from enhydra.broker.local import LocalBroker
+from enhydra.devtools.broker import LocalBroker
 from enhydra.testing.processes import (
     ServiceProcess,
     produce_json,

@@ -1,7 +1,7 @@
 """Throughput of the Enhydra ledger against the ceiling, faust-streaming and Quix Streams.
 
     .venv/bin/python -m bench.throughput                 # 300k commands, 10k keys, 3 repeats
-    .venv/bin/python -m bench.throughput --quick         # 60k commands, 1 repeat, no sweep
+    .venv/bin/python -m bench.throughput --quick         # 40k commands, 3 repeats, no sweep
     .venv/bin/python -m bench.throughput --systems enhydra,quix --repeat 3 --json out.json
 
 One fresh broker; the commands are preloaded once into `bench-commands` (4 partitions) and
@@ -12,6 +12,9 @@ number of keys grows, and Enhydra's latency at a quarter and half of its maximum
 (latency.py: its own fresh broker, the load generator pinned to its own core, the maximum
 measured again in that layout, medians of interleaved runs, the raw rocksdict loop at the same
 load as the reference for what this machine allows).
+
+Every system asked for must run: a competitor that is not installed stops the benchmark before
+it starts, and a system without --repeat successful runs makes it exit with an error.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ QUIX_VENV = Path("/tmp/quixvenv/bin/python")
 
 
 def quix_python() -> str | None:
-    """An interpreter with quixstreams: this one, $BENCH_QUIX_PYTHON, or /tmp/quixvenv."""
+    """An interpreter with quixstreams: this one (the `bench` extra), $BENCH_QUIX_PYTHON, or
+    /tmp/quixvenv."""
     if importlib.util.find_spec("quixstreams") is not None:
         return sys.executable
     candidate = os.environ.get("BENCH_QUIX_PYTHON") or (
@@ -263,12 +267,20 @@ async def run(args: argparse.Namespace) -> dict:
     """Every measurement of this benchmark; returns the data the report is written from."""
     configure_logging(level="warning")  # topic creation etc. would drown the results
     systems = [s for s in args.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown system(s) {', '.join(unknown)}; choose from {SYSTEMS}")
     if "quix" in systems and quix_python() is None:
-        progress(
-            "quixstreams is not installed: skipping Quix Streams "
-            "(pip install quixstreams, or set BENCH_QUIX_PYTHON to a venv's python)"
+        raise SystemExit(
+            "quixstreams is not installed, so Quix Streams cannot run: "
+            "pip install -e '.[bench]' (make bench does), set BENCH_QUIX_PYTHON to a python "
+            "that has it, or leave it out with --systems"
         )
-        systems.remove("quix")
+    if args.profile and "enhydra" in systems and profile.py_spy() is None:
+        raise SystemExit(
+            "py-spy is not installed, so the profile cannot be taken: "
+            "pip install -e '.[bench]' (make bench does), or pass --no-profile"
+        )
     data: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": machine(),
@@ -330,10 +342,18 @@ def latency_args(args: argparse.Namespace, systems: list[str]) -> argparse.Names
     return latency.apply_defaults(latency.parser().parse_args(options))
 
 
-async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> dict | None:
-    if profile.py_spy() is None:
-        progress("py-spy not found: no profile (pip install py-spy)")
-        return None
+def throughput_problems(data: dict) -> list[str]:
+    """What makes this run's figures incomplete: systems without a median of all repeats."""
+    repeat = data["config"]["repeat"]
+    problems = []
+    for name in data["systems"]:
+        runs = data["summary"].get(name, {}).get("runs", 0)
+        if runs < repeat:
+            problems.append(f"{LABELS[name]}: {runs} of {repeat} runs succeeded")
+    return problems
+
+
+async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> dict:
     app = "enhydra-profile"
     raw = root / "enhydra-profile.txt"
     progress("profiling one more Enhydra run with py-spy")
@@ -346,8 +366,10 @@ async def profile_run(bootstrap: str, root: Path, args: argparse.Namespace) -> d
         profile_to=raw,
     )
     if not raw.exists():
-        progress("py-spy wrote no profile (ptrace not permitted?)")
-        return None
+        raise SystemExit(
+            "py-spy wrote no profile: is ptrace permitted here? (pass --no-profile to run "
+            "without the profile)"
+        )
     summary = profile.summarize(raw)
     summary["rate_while_profiled"] = result.rate
     if args.profile_out:
@@ -405,10 +427,10 @@ async def sweep(
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="~2 minutes: fewer commands, 1 repeat")
-    p.add_argument("--commands", type=int, help="preloaded commands (default 300k, quick 60k)")
+    p.add_argument("--quick", action="store_true", help="~5 minutes: fewer commands, no sweep")
+    p.add_argument("--commands", type=int, help="preloaded commands (default 300k, quick 40k)")
     p.add_argument("--keys", type=int, default=10_000, help="accounts in the main workload")
-    p.add_argument("--repeat", type=int, help="runs per system (default 3, quick 1)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per system (at least 3)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     p.add_argument("--cap", type=float, default=180, help="max seconds of processing per run")
     p.add_argument("--faust-cap", type=float, help="faust's cap (default 40 s, quick 10 s)")
@@ -431,11 +453,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def apply_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Sizes for a full run (~10 min on 2 busy cores) or a quick one (~2 min)."""
+    """Sizes for a full run (~15 min on 2 busy cores) or a quick one (~5 min)."""
     quick = args.quick
+    if args.repeat < 3:
+        raise SystemExit("--repeat must be at least 3: every ratio is a median of 3 or more runs")
     defaults = {
-        "commands": 60_000 if quick else 300_000,
-        "repeat": 1 if quick else 3,
+        "commands": 40_000 if quick else 300_000,
         "faust_cap": 10.0 if quick else 40.0,
         "latency_seconds": 6.0 if quick else 20.0,
         "sweep_keys": "" if quick else "1000,10000,100000",
@@ -460,6 +483,9 @@ def main() -> None:
         from bench.throughput import report
 
         report.write(data, others=[])
+    problems = throughput_problems(data)
+    if problems:
+        sys.exit("throughput benchmark incomplete: " + "; ".join(problems))
 
 
 if __name__ == "__main__":

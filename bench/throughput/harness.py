@@ -44,6 +44,14 @@ class Launch:
     log_path: Path | None = None
     extra_topics: list[str] = field(default_factory=list)  # compacted, e.g. a changelog
 
+    def process_exited(self, process: subprocess.Popen[bytes]) -> bool:
+        return process.returncode not in (None, 0, -signal.SIGTERM, -signal.SIGKILL)
+
+    def log_tail(self, lines: int = 12) -> list[str]:
+        if self.log_path is None or not self.log_path.exists():
+            return []
+        return self.log_path.read_text(errors="replace").splitlines()[-lines:]
+
     def topic_specs(self) -> list[TopicSpec]:
         stamped = {"message.timestamp.type": "LogAppendTime"}
         return [
@@ -258,6 +266,9 @@ async def measure(
         cpu = 100 * used / seconds
     if note:
         progress(f"{launch.system}: {note} (log: {launch.log_path})")
+        if launch.process_exited(process):  # its log goes with the run's temp dir: show it now
+            for line in launch.log_tail():
+                progress(f"  | {line}")
     return Result(
         system=launch.system,
         keys=keys,
@@ -335,7 +346,10 @@ def enhydra(app: str, bootstrap: str, topic: str, run_dir: Path) -> Launch:
 
 
 def faust(app: str, bootstrap: str, topic: str, run_dir: Path) -> Launch:
+    # faust's worker command starts its web server (port 6066) whatever the app's
+    # web_enabled says; --without-web keeps it off, so no port is shared with other services.
     argv = [sys.executable, "-m", "bench.throughput.faust_app", "worker", "-l", "warn"]
+    argv.append("--without-web")
     env = {
         "BENCH_APP": app,
         "BENCH_BOOTSTRAP": bootstrap,

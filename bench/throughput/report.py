@@ -8,6 +8,7 @@ produced it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT
 
@@ -30,8 +31,8 @@ def _fmt(value: object, digits: int = 0) -> str:
     return str(value)
 
 
-def plots(data: dict) -> list[str]:
-    """throughput.png and scaling.png; returns the files written (empty without matplotlib)."""
+def pyplot() -> tuple[Any, Any]:
+    """(matplotlib.pyplot, matplotlib.ticker); stops with a hint when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -39,7 +40,16 @@ def plots(data: dict) -> list[str]:
         import matplotlib.pyplot as plt
         from matplotlib import ticker
     except ImportError:
-        return []
+        raise SystemExit(
+            "matplotlib is not installed, so the plots of docs/benchmarks.md cannot be drawn: "
+            "pip install -e '.[bench]' (make bench does), or pass --no-docs"
+        ) from None
+    return plt, ticker
+
+
+def plots(data: dict) -> list[str]:
+    """throughput.png and scaling.png; returns the files written."""
+    plt, ticker = pyplot()
     PLOTS.mkdir(parents=True, exist_ok=True)
     labels = data["labels"]
     written = []

@@ -8,7 +8,12 @@ agent path: the engines consume and process them in batches (runner/).
     _Instance    the one mode service faust starts: the web server first (so probes answer
                  early), then the supervisor
     Supervisor   runs the aggregate's engine under the uncaught-exception policy, the control
-                 channel, live snapshots and the projections
+                 channel, live snapshots, the projections and the failure detector
+
+Instances join their groups as static members: a restart under the same instance id gets its
+tasks back without a rebalance. Every instance streams heartbeats to its peers and writes a
+beacon to the control topic; when a peer is certainly gone, its member is removed from the
+groups at once (failover/), so its tasks move in about a second instead of a session timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 import faust
 from aiohttp import web
+from aiokafka.errors import UnknownMemberIdError
 from faust.app.base import BootStrategy
 from mode import Service as ModeService
 
@@ -34,13 +40,23 @@ from enhydra.errors.uncaught import (
     RestartBudget,
     UncaughtDecider,
 )
+from enhydra.failover import (
+    Beacon,
+    DetectorConfig,
+    FailureDetector,
+    LivenessEndpoint,
+    add_liveness_routes,
+)
 from enhydra.kafka.clients import check_access
 from enhydra.kafka.errors import KafkaAccessError
+from enhydra.kafka.membership import FencedInstanceIdError, remove_static_members
 from enhydra.kafka.topics import TopicError
 from enhydra.logs import get_logger
 from enhydra.processing.engine import Engine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
+from enhydra.runner.runner import FencedInstance
+from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
 from enhydra.spec import ResolvedService
 
@@ -84,9 +100,13 @@ class Runtime:
         self.projection_host: ProjectionHost | None = None
         self.snapshots: LiveSnapshots | None = None
         self.exit_code = 0
+        self.liveness: LivenessEndpoint | None = None
         self._stop_worker: Callable[[], None] | None = None
         # Extra (method, path, handler) endpoints behind ENHYDRA_ADMIN_TOKEN (query/http.py).
-        self.admin_routes: list[AdminRoute] = [("POST", "/v1/admin/snapshots", self._snapshot_now)]
+        self.admin_routes: list[AdminRoute] = [
+            ("POST", "/v1/admin/snapshots", self._snapshot_now),
+            ("POST", "/v1/admin/leave", self._leave_now),
+        ]
 
     # what the parts ask of the runtime --------------------------------------------------------
     @property
@@ -138,11 +158,65 @@ class Runtime:
         await self.snapshots.send(SNAPSHOT_CREATE, id=snapshot_id, storage=storage)
         return web.json_response({"id": snapshot_id, "storage": storage}, status=202)
 
+    async def _leave_now(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        """Leave the groups and stop this instance (a scale-down: the others take over at once).
+
+        A plain SIGTERM keeps this instance's static membership for a restart; this does not.
+        """
+        self.leave_groups()
+        asyncio.get_running_loop().call_later(0.2, self.shutdown, 0, "leaving the group over HTTP")
+        body = {"status": "leaving", "instance": self.settings.instance_id}
+        return web.json_response(body, status=202)
+
+    def leave_groups(self) -> None:
+        """On stop, leave every group at once instead of being expected back."""
+        engines = [
+            self.engine,
+            *(self.projection_host.stores().values() if self.projection_host else ()),
+        ]
+        for engine in engines:
+            if engine is not None:
+                engine.leave_on_stop = True
+
+    def group_ids(self) -> list[str]:
+        """The consumer groups this instance is a member of: the aggregate's and projections'."""
+        groups = [self.settings.app_id]
+        groups += [p.group_id(self.settings.app_id) for p, _ in self.service.projections]
+        return groups
+
+    async def remove_member(self, instance: str, member: str | None) -> bool:
+        """Remove a dead peer's static member from every group of the application."""
+        groups = self.group_ids()
+        conn = self.settings.connection
+        results = await remove_static_members(conn, groups[0], {instance: member})
+        for group in groups[1:]:  # its member ids there are not known: by instance id
+            await remove_static_members(conn, group, [instance])
+        error = results.get(instance)
+        # Gone already, or a newer incarnation holds the id: nothing left to remove.
+        return error is None or isinstance(error, UnknownMemberIdError | FencedInstanceIdError)
+
+    def member_id(self) -> str | None:
+        return self.engine.member_id if self.engine is not None else None
+
+    def peers(self) -> dict[str, str]:
+        """The other instances' advertised URLs, from the group's last assignment."""
+        if self.engine is None:
+            return {}
+        instances = self.engine.group.instances
+        mine = self.settings.instance_id
+        return {
+            name: info["url"]
+            for name, info in instances.items()
+            if name != mine and info.get("url")
+        }
+
     # the process -------------------------------------------------------------------------------
     def build(self) -> faust.App:
         """The faust App with this instance's one service attached."""
         s = self.settings
         s.store_dir.mkdir(parents=True, exist_ok=True)
+        # A restart on this volume comes back under the same id: the same static member.
+        (s.store_dir / INSTANCE_ID_FILE).write_text(s.instance_id + "\n", encoding="utf-8")
         app = _App(
             s.app_id,
             broker=f"kafka://{s.bootstrap_servers}",
@@ -163,6 +237,7 @@ class Runtime:
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),
             admin_routes=self.admin_routes,
         )
+        self.liveness = add_liveness_routes(web_app, s.instance_id, member_id=self.member_id)
         app.web_server(_Instance(self, web_app))
         return app
 
@@ -234,6 +309,8 @@ class Supervisor:
             UncaughtPolicy(s.uncaught_escalation),
         )
         self.control: ControlChannel | None = None
+        self.beacon: Beacon | None = None
+        self.detector: FailureDetector | None = None
         self._handling: list[asyncio.Future[None]] = []
 
     async def start(self) -> None:
@@ -247,6 +324,17 @@ class Supervisor:
         rt.snapshots = LiveSnapshots(rt, self.control.send)
         await self.control.start()
         rt.snapshots.start()
+        if s.failure_detection:
+            self.beacon = Beacon(self.control.send, member_id=rt.member_id)
+            self.beacon.start()
+            self.detector = FailureDetector(
+                s.instance_id,
+                peers=rt.peers,
+                on_dead=rt.remove_member,
+                config=DetectorConfig(probe_window_s=s.failure_probe_window_ms / 1000),
+                headers={"Authorization": f"Bearer {token}"} if (token := s.query_token) else None,
+            )
+            await self.detector.start()
         if s.snapshot_interval_s:
             self._handling.append(asyncio.ensure_future(rt.snapshots.periodic()))
         rt.projection_host = ProjectionHost(
@@ -261,6 +349,12 @@ class Supervisor:
 
     async def stop(self) -> None:
         rt = self.runtime
+        if rt.liveness is not None:  # peers: a clean stop, expected back (not a death)
+            leaving = rt.engine is not None and rt.engine.leave_on_stop
+            await rt.liveness.goodbye("leave" if leaving else "restart")
+        for part in (self.detector, self.beacon):
+            if part is not None:
+                await part.stop()
         for pending in self._handling:
             pending.cancel()
         if rt.projection_host is not None:
@@ -277,6 +371,9 @@ class Supervisor:
 
     async def _handle(self, error: BaseException) -> None:
         rt = self.runtime
+        if isinstance(error, FencedInstance):  # replacing the worker would fence the other
+            rt.shutdown(EXIT_CANNOT_START, str(error), level="error")
+            return
         policy = self.decider.decide(error)
         log.error(
             "stream worker died",
@@ -304,6 +401,8 @@ class Supervisor:
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         rt = self.runtime
+        if self.detector is not None:
+            await self.detector.on_control_message(message)
         if rt.snapshots is not None:
             await rt.snapshots.on_message(message)
         if message.get("type") == SHUTDOWN_APPLICATION:

@@ -201,9 +201,19 @@ class Settings:
     max_batch_records: int = _env(_positive_int, 2000)
     commit_interval_ms: int = _env(_non_negative_int, 200)
     producer_linger_ms: int = _env(_non_negative_int, 5)
-    session_timeout_ms: int = _env(_positive_int, 10000)
-    heartbeat_interval_ms: int = _env(_positive_int, 3000)
+    # Group membership. Instances join as static members (KIP-345, group.instance.id = the
+    # instance id): a restart within the session timeout gets its tasks back without a
+    # rebalance, and a dead instance is removed at once by the failure detector (failover/),
+    # so the session timeout is only the last resort. Survivors hear of a rebalance at their
+    # next heartbeat, hence a short one.
+    session_timeout_ms: int = _env(_positive_int, 30000)
+    heartbeat_interval_ms: int = _env(_positive_int, 500)
     rebalance_timeout_ms: int = _env(_positive_int, 30000)
+    static_membership: bool = _env(_bool, True)
+    # On SIGTERM, leave the group at once (a scale-down) instead of being expected back.
+    leave_group_on_shutdown: bool = _env(_bool, False)
+    failure_detection: bool = _env(_bool, True)
+    failure_probe_window_ms: int = _env(_positive_int, 5000)  # silent everywhere: dead
     shutdown_timeout_s: int = _env(_positive_int, 25)
     dedup_window: int = _env(_non_negative_int, 100)
     state_cache_entries: int = _env(_non_negative_int, 10_000)
@@ -244,7 +254,7 @@ class Settings:
     def __post_init__(self) -> None:
         self.connection  # noqa: B018 - a bad combination of security settings fails at start
         if not self.instance_id:
-            object.__setattr__(self, "instance_id", f"{socket.gethostname()}-{os.getpid()}")
+            object.__setattr__(self, "instance_id", remembered_instance_id(self.store_dir))
         if not self.dlq_topic:
             object.__setattr__(self, "dlq_topic", f"{self.app_id}-dlq")
         if not self.advertised_url:
@@ -262,6 +272,12 @@ class Settings:
                 "heartbeat_interval_ms",
                 self.heartbeat_interval_ms,
                 f"less than session_timeout_ms ({self.session_timeout_ms})",
+            )
+        if not 1000 < self.failure_probe_window_ms < self.session_timeout_ms:
+            raise SettingsError(
+                "failure_probe_window_ms",
+                self.failure_probe_window_ms,
+                f"more than 1000 and less than session_timeout_ms ({self.session_timeout_ms})",
             )
 
     @property
@@ -290,6 +306,22 @@ class Settings:
     def names(cls) -> list[str]:
         """The environment variable of every setting, for docs and `--help`."""
         return [PREFIX + f.name.upper() for f in dataclasses.fields(cls)]
+
+
+INSTANCE_ID_FILE = "instance-id"
+
+
+def remembered_instance_id(store_dir: Path) -> str:
+    """The instance id this state dir ran under last, else a new `<hostname>-<pid>`.
+
+    A static group member is known by its instance id, so a restart on the same volume must
+    come back under the same one (the runtime writes it next to the stores at start).
+    """
+    try:
+        remembered = (store_dir / INSTANCE_ID_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        remembered = ""
+    return remembered or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _read_fields(

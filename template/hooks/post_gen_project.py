@@ -1,36 +1,53 @@
-"""Write topology.json: the topology of the service as generated, the baseline of upgrades.
+"""Finish the project: vendor the Enhydra runtime, and write the topology baseline.
 
-CI runs `enhydra topology check --against topology.json` on every change, so a change that
-cannot be rolled out instance by instance (partition count, store name, key type...) fails
-before it is deployed. The file is written by Enhydra itself from the generated code, so it
-always matches it; ENHYDRA_* variables of the shell are ignored (the code's defaults count).
+With enhydra_source=vendor the running Enhydra's wheel goes into vendor/ and pyproject.toml
+points at it (`enhydra upgrade-runtime`), so the project installs wherever it is cloned; a
+project that cannot have it is not generated. topology.json, the baseline of upgrades, is
+written by Enhydra itself from the generated code (`enhydra topology lock`), marked not
+deployed: it follows the code until the first deploy. ENHYDRA_* variables of the shell are
+ignored for it (the code's defaults count).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
-TARGET = {{ (cookiecutter.package_name ~ ".service:service") | tojson }}
+SOURCE = {{ cookiecutter.enhydra_source | tojson }}
+ENHYDRA = [sys.executable, "-m", "enhydra.cli.main"]
+
+
+def enhydra(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENHYDRA_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [*ENHYDRA, *args], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
 
 
 def main() -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENHYDRA_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "enhydra.cli.main", "topology", "show", TARGET]
-    result = subprocess.run(
-        [*command, "--output", "topology.json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    if result.returncode != 0:
+    if SOURCE == "vendor":
+        vendored = enhydra("upgrade-runtime")
+        if vendored.returncode != 0:
+            reason = (vendored.stderr or vendored.stdout).strip().splitlines()[-1:]
+            print(
+                f"error: cannot vendor the Enhydra runtime: {' '.join(reason)} "
+                "(with enhydra_source=index the project installs Enhydra from your index)",
+                file=sys.stderr,
+            )
+            return 1
+        print(vendored.stdout.strip())
+    else:
+        shutil.rmtree("vendor", ignore_errors=True)
+    locked = enhydra("topology", "lock")
+    if locked.returncode == 0:
+        print(locked.stdout.strip())
+    else:
         print(
-            f"warning: could not write topology.json ({result.stderr.strip()[-500:]}); "
-            f"write it with: enhydra topology show {TARGET} -o topology.json",
+            f"warning: could not write topology.json ({locked.stderr.strip()[-500:]}); "
+            "write it with: enhydra topology lock",
             file=sys.stderr,
         )
     return 0

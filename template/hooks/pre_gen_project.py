@@ -19,6 +19,10 @@ VALUES: dict[str, str] = {
     "python_version": {{ cookiecutter.python_version | tojson }},
     "enhydra_requirement": {{ cookiecutter.enhydra_requirement | tojson }},
     "description": {{ cookiecutter.description | tojson }},
+    "aggregate": {{ cookiecutter.aggregate | tojson }},
+    "key_field": {{ cookiecutter.key_field | tojson }},
+    "command_types": {{ cookiecutter.command_types | tojson }},
+    "enhydra_source": {{ cookiecutter.enhydra_source | tojson }},
 }
 
 # A DNS-1035 label (what Kubernetes requires of Service names): the slug names the compose
@@ -31,6 +35,12 @@ APP_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 DIGITS = re.compile(r"^[0-9]{1,9}$")
 PYTHON_VERSION = re.compile(r"^3\.[0-9]{1,2}$")
 RESERVED_PACKAGES = {"enhydra", "tests", "test", "faust", "aiokafka"}
+# Lowercase names: they become Python names, store and topic names and event types.
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
+# Names the generated domain.py and service.py already use for something else.
+RESERVED_NAMES = {"service", "decide", "apply", "parse", "fields", "annotations"}
+# Fields every command has already: the key must be another one.
+ENVELOPE_FIELDS = {"command_id", "type"}
 
 
 def check_slug(value: str) -> str | None:
@@ -92,6 +102,46 @@ def check_requirement(value: str) -> str | None:
     return None
 
 
+def _name_problem(value: str, example: str) -> str | None:
+    if not NAME.match(value):
+        return (
+            "must be a lowercase name of up to 24 letters, digits or '_' (a letter first), "
+            f"e.g. {example}"
+        )
+    return None
+
+
+def check_aggregate(value: str) -> str | None:
+    if NAME.match(value) and (keyword.iskeyword(value) or value in RESERVED_NAMES):
+        return f"is taken by Python or the generated code (it becomes a Python name); try my_{value}"
+    return _name_problem(value, "aggregate=accounts")
+
+
+def check_key_field(value: str) -> str | None:
+    if value in ENVELOPE_FIELDS:
+        return "is a field every command has already; name the key, e.g. key_field=account"
+    return _name_problem(value, "key_field=account")
+
+
+def check_command_types(value: str) -> str | None:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        return "must name at least one command type, e.g. command_types='open, deposit, close'"
+    for name in names:
+        problem = _name_problem(name, "command_types='open, deposit, close'")
+        if problem is not None:
+            return f"has {name!r}, which {problem}"
+    if len(set(names)) != len(names):
+        return "names a command type twice"
+    return None
+
+
+def check_source(value: str) -> str | None:
+    if value not in ("vendor", "index"):
+        return "must be vendor (the wheel goes into vendor/) or index (installed from an index)"
+    return None
+
+
 def check_description(value: str) -> str | None:
     if not value.strip() or any(c in value for c in "\r\n"):
         return "must be one non-empty line (it goes into pyproject.toml and the image label)"
@@ -107,6 +157,10 @@ CHECKS = {
     "python_version": check_python_version,
     "enhydra_requirement": check_requirement,
     "description": check_description,
+    "aggregate": check_aggregate,
+    "key_field": check_key_field,
+    "command_types": check_command_types,
+    "enhydra_source": check_source,
 }
 
 

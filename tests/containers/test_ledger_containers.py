@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from enhydra.cli import image
+from enhydra.devtools import image
 from enhydra.testing.processes import (
     end_offsets,
     free_port,
@@ -50,7 +51,17 @@ def ledger_image() -> image.Built:
         f"\nprepare: {prepared.seconds:.1f}s (installed: {' '.join(prepared.installed) or '-'}, "
         f"base image from {prepared.base_from})"
     )
-    built = image.build(LEDGER, tag="localhost/ledger:containers-test")
+    output: list[str] = []
+    built = image.build(LEDGER, tag="localhost/ledger:containers-test", output=output.append)
+    # `enhydra image build` streams this as it comes: the steps, pip's and podman's own lines.
+    steps = [i for i, line in enumerate(output) if line.startswith("enhydra: ")]
+    assert [output[i].split(":")[1] for i in steps] == [
+        " making the wheelhouse",
+        " building localhost/ledger",
+    ], output
+    assert steps[1] - steps[0] > 1, "pip said nothing"
+    podman_steps = [line for line in output[steps[1] :] if re.search(r"STEP \d+/\d+: ", line)]
+    assert podman_steps and "STEP 1/" in podman_steps[0], output[-20:]
     print(
         f"image {built.tag}: {built.size_mb:.0f} MB, built in {built.seconds:.1f}s "
         f"(wheelhouse {built.wheelhouse_seconds:.1f}s, podman build {built.image_seconds:.1f}s)"

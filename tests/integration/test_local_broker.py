@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 import enhydra
-from enhydra.broker.local import PID_FILE, LocalBroker, read_state
+from enhydra.devtools.broker import PID_FILE, LocalBroker, read_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -217,7 +217,7 @@ def test_tools_say_plainly_what_is_missing(secured_kafka, kafka_bootstrap) -> No
 @pytest.mark.slow
 def test_a_broker_outage_is_logged_a_few_lines_a_minute(app_id, tmp_path) -> None:
     """While the broker is down the worker retries; its log says so without flooding."""
-    from enhydra.broker.local import LocalBroker
+    from enhydra.devtools.broker import LocalBroker
 
     broker = LocalBroker(tmp_path / "kafka", port=0)
     info = broker.start()

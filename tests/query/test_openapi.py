@@ -28,6 +28,7 @@ PATHS = {
     "/v1/admin/shutdown",
     "/v1/admin/rebalance",
     "/v1/admin/snapshots",  # added by the service: the snapshot trigger
+    "/v1/admin/leave",  # added by the service: leave the group and stop (a scale-down)
 }
 
 

@@ -283,6 +283,16 @@ def test_the_cli_reads_a_key_through_any_instance(cluster: Cluster):
     assert json.loads(done.stdout) == cluster.expected[account]
     missing = subprocess.run([*command, "never", *url], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no such key" in missing.stderr
+    no_store = subprocess.run(
+        [sys.executable, "-m", "enhydra.cli.main", "query", "nope", account, *url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert no_store.returncode == 2
+    assert no_store.stderr.splitlines() == [
+        "Error: no such store: 'nope' (this service has: accounts)"
+    ]
     denied = subprocess.run(
         [*command, account, "--url", cluster.instances[1].url],
         capture_output=True,

@@ -108,12 +108,11 @@ def test_a_clone_follows_its_source_on_the_same_input_and_diverges_on_its_own(
         "snapshot",
         "clone",
         location,
+        TARGET,
         "--to-app",
         twin,
         "--bootstrap",
         kafka_bootstrap,
-        "--service",
-        TARGET,
     )
     assert "cloned" in out.stdout
     later = generate(300, 2000, seed=92)
@@ -185,17 +184,14 @@ def test_broken_snapshots_are_refused_with_a_clear_message(
     feed(kafka_bootstrap, app_id, generate(50, 300, seed=3))
     info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     good = storage / info["id"]
-    assert "ok:" in cli("snapshot", "verify", str(good), "--service", TARGET).stdout
+    assert "ok:" in cli("snapshot", "verify", str(good), TARGET).stdout
 
-    foreign = cli(
-        "snapshot",
-        "verify",
-        str(good),
-        "--service",
-        TARGET,
-        check=False,
-    ).stderr
-    assert foreign == ""  # same topology: accepted
+    same = cli("snapshot", "verify", str(good), TARGET, check=False).stderr
+    assert same == ""  # same topology: accepted
+    # The old spelling of TARGET still works, and says what to use instead.
+    old = cli("snapshot", "verify", str(good), "--service", TARGET)
+    assert "ok:" in old.stdout
+    assert "--service is deprecated: pass MODULE:ATTR as the TARGET argument" in old.stderr
     import os
 
     env8 = {**os.environ, "ENHYDRA_PARTITIONS": "8"}
@@ -207,7 +203,6 @@ def test_broken_snapshots_are_refused_with_a_clear_message(
             "snapshot",
             "verify",
             str(good),
-            "--service",
             TARGET,
         ],
         env=env8,
@@ -246,7 +241,6 @@ def test_time_travel_equals_the_model_of_the_events_up_to_that_time(
     result = cli(
         "snapshot",
         "at",
-        "--service",
         TARGET,
         "--app",
         app_id,
@@ -300,7 +294,6 @@ def test_restore_brings_an_app_back_to_a_snapshot_and_reprocesses_after_the_cut(
         "--yes",
         "--bootstrap",
         kafka_bootstrap,
-        "--service",
         TARGET,
     )
     assert "restored" in done.stdout

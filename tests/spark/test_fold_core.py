@@ -189,7 +189,7 @@ def test_state_is_carried_across_batches() -> None:
 
 
 def _row(key: bytes, partition: int, offset: int, value: bytes, coff: bytes = b"0") -> tuple:
-    return (key, partition, offset, value, b"c" + coff, coff, None)
+    return (key, partition, offset, value, b"c" + coff, coff, None, None)
 
 
 def test_errors_name_the_key_partition_and_offset() -> None:
@@ -202,7 +202,7 @@ def test_errors_name_the_key_partition_and_offset() -> None:
         EventFold(_apply_counter).feed([_row(b"x", 0, 3, b'{"nope":1}')])
     with pytest.raises(FoldError, match=r"enhydra\.command_offset = b'x1' is not a number"):
         EventFold(_apply_counter).feed([_row(b"x", 0, 3, b'{"add":1}', b"x1")])
-    with pytest.raises(FoldError, match="must be sorted"):
+    with pytest.raises(FoldError, match="must be grouped by key"):
         EventFold(_apply_counter).feed(
             [_row(b"b", 0, 0, b'{"add":1}'), _row(b"a", 0, 1, b'{"add":1}', b"1")]
         )
@@ -210,6 +210,19 @@ def test_errors_name_the_key_partition_and_offset() -> None:
 
 def test_events_without_headers_change_state_not_bookkeeping() -> None:
     fold_ = EventFold(_apply_counter)
-    fold_.feed([(b"k", 0, 0, b'{"add":2}', None, None, None)])
+    fold_.feed([(b"k", 0, 0, b'{"add":2}', None, None, None, None)])
     (row,) = fold_.finish()
     assert decode_entry(row[2]) == Entry([2, 1], -1, [])
+
+
+def test_keys_may_come_in_any_fixed_order_but_not_twice() -> None:
+    """Spark sorts by a hash of the key first (fold_order): grouped, not sorted by key."""
+
+    def row(key: bytes, order: int, offset: int) -> tuple:
+        return (*_row(key, 0, offset, b'{"add":1}', str(offset).encode())[:-1], order)
+
+    fold_ = EventFold(_apply_counter)
+    out = fold_.feed([row(b"z", 1, 0), row(b"z", 1, 3), row(b"a", 2, 1)]) + fold_.finish()
+    assert [(r[0], decode_entry(r[2]).state) for r in out] == [(b"z", [2, 2]), (b"a", [1, 1])]
+    with pytest.raises(FoldError, match="must be grouped by key"):
+        EventFold(_apply_counter).feed([row(b"z", 1, 0), row(b"a", 2, 1), row(b"z", 1, 3)])

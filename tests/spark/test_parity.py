@@ -8,6 +8,10 @@ state key by key through both Kafka readers, and its snapshot must hold the very
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,16 +106,34 @@ def as_tuple(entry: Entry) -> tuple[Any, int, list[str]]:
 
 
 @pytest.mark.parametrize("method", ["kafka", "python"])
-def test_spark_state_equals_the_service_state(spark, ledger_run: LedgerRun, method: str) -> None:
-    events = read_events(spark, f"{ledger_run.app_id}-events", ledger_run.bootstrap, method=method)
+@pytest.mark.parametrize("layout", ["in place", "split read, shuffled"])
+def test_spark_state_equals_the_service_state(
+    spark, ledger_run: LedgerRun, method: str, layout: str
+) -> None:
+    """Both readers, folded in place (one Spark partition per Kafka partition, no shuffle) or
+    read in pieces and shuffled by key: the same entries as the live stores."""
+    in_place = layout == "in place"
+    events = read_events(
+        spark,
+        f"{ledger_run.app_id}-events",
+        ledger_run.bootstrap,
+        method=method,
+        split_records=None if in_place else 1500,
+    )
+    pieces = events.rdd.getNumPartitions()
+    assert pieces == PARTITIONS if in_place else pieces > PARTITIONS
     assert events.count() == sum(s["version"] for s in ledger_run.served.values())
-    folded = fold_events(events, TARGET).select("key_text", "state", "value").collect()
-    rebuilt = {row.key_text: orjson.loads(row.state) for row in folded}
-    assert len(rebuilt) == len(ledger_run.served) > 1800
+    folded = fold_events(events, TARGET, shuffle=not in_place)
+    rows = folded.select("key_text", "state", "value", "partition", "task").collect()
+    rebuilt = {row.key_text: orjson.loads(row.state) for row in rows}
+    assert len(rebuilt) == len(rows) == len(ledger_run.served) > 1800
     assert rebuilt == ledger_run.served
     assert rebuilt == model(ledger_run.commands)
-    envelopes = {row.key_text.encode(): as_tuple(decode_entry(row.value)) for row in folded}
+    envelopes = {row.key_text.encode(): as_tuple(decode_entry(row.value)) for row in rows}
     assert envelopes == {k: as_tuple(e) for k, e in ledger_run.changelog.items()}
+    if in_place:  # each Kafka partition was folded by one task, and no exchange was planned
+        assert len({(row.partition, row.task) for row in rows}) == PARTITIONS
+        assert "Exchange" not in folded._jdf.queryExecution().executedPlan().toString()
 
 
 def test_snapshot_holds_the_live_entries_and_loads_into_stores(
@@ -168,6 +190,47 @@ def test_snapshot_holds_the_live_entries_and_loads_into_stores(
     # The analytics copy holds the same states.
     parquet = spark.read.parquet(str(tmp_path / "state.parquet")).collect()
     assert {r.key_text: orjson.loads(r.state) for r in parquet} == ledger_run.served
+
+
+def test_the_command_runs_the_job_quietly_and_shows_its_progress(
+    ledger_run: LedgerRun, tmp_path: Path
+) -> None:
+    """`enhydra backfill` as a user runs it: steps on stderr, Spark's own log in a file.
+
+    (Before the clone test, which sends more commands to the instances.)"""
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enhydra.cli.main",
+            "backfill",
+            TARGET,
+            "--master",
+            "local[2]",
+            "--bootstrap",
+            ledger_run.bootstrap,
+            "--app",
+            ledger_run.app_id,
+            "--snapshot",
+            str(tmp_path / "snap"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ENHYDRA_LOG_FORMAT": "json"},
+        check=False,
+    )
+    assert job.returncode == 0, job.stderr[-4000:]
+    lines = [json.loads(line) for line in job.stderr.splitlines() if line.startswith("{")]
+    steps = [line["step"] for line in lines if line.get("event") == "backfill step"]
+    assert steps == ["fold", "cut", "write snapshot"]
+    started = next(line for line in lines if line.get("event") == "backfill started")
+    assert started["fold"] == "in place"  # 4 partitions, 2 cores: no shuffle
+    assert "log4j" not in job.stderr and "WARN" not in job.stderr  # Spark's log went to a file
+    assert job.stdout.startswith(f"backfill: {len(ledger_run.changelog)} keys from ")
+    snap = open_snapshot(tmp_path / "snap")
+    entries = {k: as_tuple(e) for p in snap.partitions for k, e in snap.entries(p)}
+    assert entries == {k: as_tuple(e) for k, e in ledger_run.changelog.items()}
 
 
 def test_until_offsets_rebuilds_an_earlier_state(

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from enhydra.broker import local
-from enhydra.broker.local import (
+from enhydra.cli.kafka import kafka
+from enhydra.devtools import broker as local
+from enhydra.devtools.broker import (
     KAFKA_VERSION,
     PID_FILE,
     PROPERTIES_FILE,
@@ -31,6 +32,7 @@ from enhydra.broker.local import (
     BrokerError,
     BrokerState,
     LocalBroker,
+    MavenProgress,
     broker_properties,
     is_broker_process,
     kafka_classpath,
@@ -42,7 +44,6 @@ from enhydra.broker.local import (
     render_properties,
     write_state,
 )
-from enhydra.cli.kafka import kafka
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -289,7 +290,15 @@ import pathlib, sys
 log = pathlib.Path(__file__).with_name("mvn-calls")
 log.write_text(log.read_text() + "call\\n" if log.exists() else "call\\n")
 out = pathlib.Path(next(a for a in sys.argv if a.startswith("-DoutputDirectory="))[18:])
+central = "https://repo.maven.apache.org/maven2/org/apache/kafka"
+print("\x1b[0m[INFO] Scanning for projects...", flush=True)
+print(f"[INFO] Downloading from central: {central}/kafka_2.13/{version}/kafka_2.13-{version}.jar")
+print(f"[INFO] Downloaded from central: {central}/kafka_2.13/{version}/kafka_2.13-{version}.jar"
+      " (11 MB at 4.2 MB/s)")
+print(f"[INFO] Downloaded from central: {central}/kafka-clients/{version}/"
+      "kafka-clients-{version}.pom (492 B at 82 kB/s)")
 for name in ("kafka_2.13-{version}.jar", "kafka-clients-{version}.jar"):
+    print(f"[INFO] Copying {name} to {out / name}")
     (out / name).write_bytes(b"jar")
 """
 
@@ -379,6 +388,44 @@ def test_maven_failure_shows_mavens_error(tools: Path, tmp_path: Path) -> None:
     assert not (home / "libs").exists()
     assert not list(home.glob("libs.partial-*"))
     assert not (home / local._MARKER).exists()
+
+
+def test_maven_progress_counts_downloads_and_copies() -> None:
+    progress = MavenProgress()
+    assert progress.describe() == "Maven: resolving dependencies"
+    assert not progress.feed("[INFO] Scanning for projects...")
+    assert not progress.feed("[INFO] Downloading from central: https://x/a/kafka-raft-4.4.0.jar")
+    assert progress.feed(
+        "\x1b[0m[INFO] Downloaded from central: https://repo.maven.apache.org/maven2/org/apache/"
+        "kafka/kafka-raft/4.4.0/kafka-raft-4.4.0.jar (2.3 MB at 5.1 MB/s)"
+    )
+    assert progress.feed(
+        "[INFO] Downloaded from central: https://x/y/apache-13.pom (14 kB at 1 MB/s)"
+    )
+    assert progress.describe() == "Maven: downloaded 2 files (2.3 MB) - apache-13.pom"
+    assert progress.feed(
+        "[INFO] Copying kafka-clients-4.4.0.jar to /c/libs/kafka-clients-4.4.0.jar"
+    )
+    assert progress.describe() == (
+        "Maven: downloaded 2 files (2.3 MB), copied 1 jars - kafka-clients-4.4.0.jar"
+    )
+
+
+def test_the_fetch_command_shows_mavens_progress(tools: Path, tmp_path: Path) -> None:
+    write_tool(tools, "java", FAKE_JAVA)
+    write_tool(tools, "mvn", FAKE_MVN.replace("{version}", KAFKA_VERSION))
+    env = {"ENHYDRA_CACHE_DIR": str(tmp_path / "cache")}
+    result = CliRunner().invoke(kafka, ["fetch"], env=env)
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"enhydra: downloading Apache Kafka {KAFKA_VERSION} jars")
+    # Not a terminal: the last state Maven reached is kept as a line before the summary.
+    assert lines[1] == (
+        "enhydra: Maven: downloaded 2 files (11.0 MB), copied 2 jars - "
+        f"kafka-clients-{KAFKA_VERSION}.jar"
+    )
+    assert lines[2].startswith("enhydra: fetched 2 jars")
+    assert result.stdout == f"classpath={tmp_path}/cache/kafka-{KAFKA_VERSION}/libs/*\n"
 
 
 def test_cli_turns_errors_into_click_errors(tools: Path, tmp_path: Path) -> None:

@@ -26,12 +26,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("spec", "topology"),
     # the Kafka access layer: the only place aiokafka clients are built
     ("kafka",),
-    # the task runner and what it drives; the assignor's glue to aiokafka's group protocol
-    ("runner", "control", "assignment.protocol"),
+    # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
+    # failure detection (probes peers, removes dead members through kafka.membership)
+    ("runner", "control", "assignment.protocol", "failover"),
     ("processing", "projections", "snapshots", "spark", "admin"),
-    # the runtime container, and the shells around everything
+    # the runtime container, and the shells around everything: the CLI, the test kit, the
+    # scaffold, and development provisioning (the local broker, the podman image recipe),
+    # which no running service imports.
     ("runtime", "service", "query"),
-    ("cli", "testing", "broker", "scaffold"),
+    ("cli", "testing", "devtools", "scaffold"),
 ]
 # Imports that go up a layer on purpose, each with its reason.
 ALLOWED_UPWARD = {
@@ -39,7 +42,7 @@ ALLOWED_UPWARD = {
     ("spark", "service"): "the Service a backfill job is pointed at",
     ("topology", "service"): "annotations only: topology_of accepts a Service",
     # A local Spark session fetches the Kafka connector's jars the way `make setup` does.
-    ("spark", "broker"): "the Maven download of the connector jars",
+    ("spark", "devtools"): "the Maven download of the connector jars",
 }
 
 

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +23,7 @@ from enhydra.snapshots import (
     open_snapshot,
     topology_fingerprint,
 )
-from enhydra.snapshots.format import partition_for
+from enhydra.snapshots.format import partition_for, reset_input_offsets
 from enhydra.stores.partition import PartitionStore
 
 PARTITIONS = 3
@@ -312,3 +313,151 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
     assert FINGERPRINT.startswith("sha256:") and len(FINGERPRINT) == 7 + 64
     for name, other in [("app_id", "x"), ("store", "y"), ("partitions", 4)]:
         assert topology_fingerprint(**{**args, name: other}) != FINGERPRINT
+
+
+# ---------------------------------------------------------------- columns cut from stored bytes
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+# Command ids with the characters that could fool a cut: "],", quotes, backslashes, non-ASCII.
+command_ids = st.lists(
+    st.text(alphabet=st.sampled_from('ab],"\\[ é\n'), max_size=6) | st.uuids().map(str),
+    max_size=4,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(
+        st.binary(min_size=1, max_size=8),
+        st.tuples(json_values, st.integers(-1, 2**62), command_ids),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_decoded_columns_match_the_entries_whatever_they_hold(tmp_path_factory, data) -> None:
+    directory = tmp_path_factory.mktemp("c")
+    values = {k: encode_entry(Entry(s, offset, ids)) for k, (s, offset, ids) in data.items()}
+    writer = SnapshotWriter(directory, app_id="a", store="s", fingerprint="f", source="test")
+    writer.write_partition(0, sorted(values.items()))
+    writer.finish({"topic": "a-commands", "offsets": {0: 1}})
+    snap = open_snapshot(directory)
+    rows = pq.read_table(snap.path(0)).to_pylist()
+    assert [r["key"] for r in rows] == sorted(values)
+    for row in rows:
+        entry = decode_entry(values[row["key"]])
+        assert row["value"] == values[row["key"]]
+        assert row["state"] == orjson.dumps(entry.state).decode()
+        assert row["last_offset"] == entry.offset
+        try:
+            assert row["key_text"] == row["key"].decode("utf-8")
+        except UnicodeDecodeError:
+            assert row["key_text"] is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(json_values, st.integers(-1, 2**62), command_ids), max_size=20))
+def test_resetting_input_offsets_is_what_decoding_would_do(entries_) -> None:
+    values = [encode_entry(Entry(state, offset, ids)) for state, offset, ids in entries_]
+    reset = reset_input_offsets(pa.array(values, pa.binary())).to_pylist()
+    expected = []
+    for value in values:
+        entry = decode_entry(value)
+        entry.offset = -1
+        expected.append(encode_entry(entry))
+    assert reset == expected
+
+
+def test_values_in_another_json_layout_are_decoded(tmp_path: Path) -> None:
+    spaced = {b"a": b'[ 3 , ["x"] , {"n": 1} ]', b"b": b'[4,["y"],[1, 2]]', b"c": b"[5,[],7]"}
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    writer.write_partition(0, sorted(spaced.items()))
+    writer.finish(Cut("a-commands", {0: 6}))
+    rows = pq.read_table(open_snapshot(tmp_path / "s").path(0)).to_pylist()
+    assert [(r["state"], r["last_offset"]) for r in rows] == [
+        ('{"n":1}', 3),
+        ("[1,2]", 4),
+        ("7", 5),
+    ]
+    assert [r["value"] for r in rows] == [spaced[k] for k in sorted(spaced)]  # byte for byte
+
+
+def test_a_long_stream_is_checked_across_chunks(tmp_path: Path) -> None:
+    value = encode_entry(Entry({"n": 1}, 1, ["c"]))
+    rows = [(f"k{i:07d}".encode(), value) for i in range(150_000)]
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    written = writer.write_partition(0, iter(rows))
+    assert written.rows == len(rows)
+    writer.finish(Cut("a-commands", {0: 2}))
+    snap = open_snapshot(tmp_path / "s")  # the sha256 computed while writing is the file's
+    assert [k for k, _ in snap.iter_partition(0)] == [k for k, _ in rows]
+    duplicated = rows[:100_000] + rows[99_999:]  # the repeat lands inside a later chunk
+    with pytest.raises(SnapshotError, match=r"keys must be unique.*k0099999"):
+        SnapshotWriter(
+            tmp_path / "d", app_id="a", store="s", fingerprint="f", source="t"
+        ).write_partition(0, iter(duplicated))
+    assert not list((tmp_path / "d").rglob("*.tmp"))
+
+
+def test_pairs_of_other_bytes_types_and_null_values(tmp_path: Path) -> None:
+    value = encode_entry(Entry(1, 0, []))
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    writer.write_partition(0, [(bytearray(b"a"), memoryview(value)), (b"b", bytearray(value))])
+    with pytest.raises(SnapshotError, match="null"):
+        writer.write_partition(1, [(b"a", value), (b"b", None)])
+    writer.write_partition(1, [])
+    writer.finish(Cut("a-commands", {0: 1, 1: 0}))
+    assert dict(open_snapshot(tmp_path / "s").iter_partition(0)) == {b"a": value, b"b": value}
+
+
+def test_a_load_cut_short_leaves_no_rows_and_no_checkpoint(tmp_path: Path) -> None:
+    snap = open_snapshot(write_snapshot(tmp_path / "s", entries(300)))
+
+    def stop(partition: int, done: int, total: int) -> None:
+        if partition == 1 and done < total:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        load_into_stores(snap, tmp_path / "state", batch_rows=16, progress=stop)
+    store = PartitionStore(tmp_path / "state" / "1")
+    try:
+        assert list(store.items()) == []
+        assert store.input_offset == -1
+    finally:
+        store.close()
+    loaded = load_into_stores(snap, tmp_path / "state", replace=True)
+    assert sum(loaded.values()) == 300
+
+
+def test_an_empty_partition_loads_its_checkpoint(tmp_path: Path) -> None:
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    writer.finish(Cut("a-commands", {0: 5, 1: 0}), partitions=2)
+    assert load_into_stores(open_snapshot(tmp_path / "s"), tmp_path / "state") == {0: 0, 1: 0}
+    store = PartitionStore(tmp_path / "state" / "0")
+    try:
+        assert store.input_offset == 4 and list(store.items()) == []
+    finally:
+        store.close()
+
+
+def test_a_failing_write_stops_cleanly_wherever_it_fails(tmp_path: Path, monkeypatch) -> None:
+    value = encode_entry(Entry({"n": 1}, 1, ["c"]))
+    rows = [(f"k{i:07d}".encode(), value) for i in range(70_000)]
+
+    def full_disk(self, data):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("enhydra.snapshots.format._HashedFile.write", full_disk)
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    with pytest.raises(OSError, match="No space left"):
+        writer.write_partition(0, iter(rows))
+    with pytest.raises(OSError, match="No space left"):  # only the footer is left to write
+        writer.write_partition(0, iter(rows[:10]))
+    assert not list((tmp_path / "s").rglob("*.tmp"))

@@ -32,6 +32,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("generators")
     result = enhydra_new(out, "project_name=Tool Shed")
     assert result.returncode == 0, result.stdout + result.stderr
+    # As deployed: the baseline stays put, and the check below compares the grown code with it.
+    locked = enhydra(out / "tool-shed", "topology", "lock", "--deployed")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
     return out / "tool-shed"
 
 

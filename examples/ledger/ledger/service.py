@@ -1,4 +1,4 @@
-"""The ledger service: the accounts aggregate with Enhydra's runtime around it.
+"""The service: the accounts aggregate with Enhydra's runtime around it.
 
 The values here are defaults: every ENHYDRA_* environment variable overrides them, so the same
 code runs on a laptop, in compose and in Kubernetes.

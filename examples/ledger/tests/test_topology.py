@@ -1,31 +1,49 @@
-"""The deployed topology (topology.json) against this code: every change must be compatible.
+"""The topology baseline (topology.json) against this code.
 
-CI runs the same check as `enhydra topology check --against topology.json ...`. After deploying
-a change that needed a reset or a repartition, rewrite the baseline:
-
-    enhydra topology show ledger.service:service -o topology.json
+Until the first deploy the baseline is marked `"deployed": false` and follows the code: this
+test rewrites it with `enhydra topology lock` (commit the change with your code). Right after
+the first deploy, run `enhydra topology lock --deployed`: from then on every change must be
+compatible with what runs, and a change that a rolling bounce cannot deploy (partition count,
+store name, key type...) fails here, with its upgrade path. After deploying such a change (with
+a reset or a repartition), run `enhydra topology lock --deployed` again.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
-from enhydra.topology import compare, fingerprint, topology_of, validate
+import pytest
+from enhydra.topology import compare, fingerprint, is_deployed, topology_of, validate
 
 from ledger.service import service
 
-TOPOLOGY = Path(__file__).resolve().parents[1] / "topology.json"
+ROOT = Path(__file__).resolve().parents[1]
+TOPOLOGY = ROOT / "topology.json"
 
 
-def test_topology_json_is_a_valid_topology() -> None:
-    deployed = validate(json.loads(TOPOLOGY.read_text()), str(TOPOLOGY))
-    assert deployed["app_id"] == service.settings.app_id
-    assert deployed["fingerprint"] == fingerprint(deployed)
+def read_baseline() -> dict[str, Any]:
+    return validate(json.loads(TOPOLOGY.read_text()), str(TOPOLOGY))
 
 
-def test_changes_since_the_deployed_topology_are_compatible() -> None:
-    deployed = validate(json.loads(TOPOLOGY.read_text()), str(TOPOLOGY))
-    current = topology_of(service)
-    incompatible = [c for c in compare(deployed, current) if not c.compatible]
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, Any]:
+    """The baseline; one that is not deployed yet is locked to the code first."""
+    if not is_deployed(read_baseline()):
+        lock = [sys.executable, "-m", "enhydra.cli.main", "topology", "lock"]
+        done = subprocess.run(lock, cwd=ROOT, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return read_baseline()
+
+
+def test_topology_json_is_a_valid_topology(baseline: dict[str, Any]) -> None:
+    assert baseline["app_id"] == service.settings.app_id
+    assert baseline["fingerprint"] == fingerprint(baseline)
+
+
+def test_changes_since_the_baseline_are_compatible(baseline: dict[str, Any]) -> None:
+    incompatible = [c for c in compare(baseline, topology_of(service)) if not c.compatible]
     assert incompatible == [], "\n".join(f"{c.subject}: {c.detail}" for c in incompatible)

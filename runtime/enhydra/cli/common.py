@@ -1,30 +1,51 @@
-"""What every `enhydra` command shares: the Kafka connection option and plain failures.
+"""What every `enhydra` command shares: option names, plain failures, progress lines.
 
-A command that talks to Kafka takes `--bootstrap` (else ENHYDRA_BOOTSTRAP_SERVERS) and reads the
-security settings from the same ENHYDRA_* variables as `enhydra run`, so one set of variables
-serves the service and the tools. A failure a user can cause prints one line and a hint, never
-a traceback (set ENHYDRA_LOG_LEVEL=debug for one).
+One convention for every command:
+- `--bootstrap` (else ENHYDRA_BOOTSTRAP_SERVERS) with the security settings from the same
+  ENHYDRA_* variables as `enhydra run`, so one set of variables serves the service and the tools;
+- `--app` (else ENHYDRA_APP_ID) for the application id; an option that stands for a setting
+  reads that setting's variable and is checked by the same parser (`setting_option`);
+- a positional TARGET (MODULE:ATTR) where a command needs the service, imported before
+  anything starts (`load_service`);
+- environment variables shown in `--help`, and an example in every command's help.
+
+A failure a user can cause prints one line and a hint, never a traceback (set
+ENHYDRA_LOG_LEVEL=debug for one). Exit codes: 0 done, 1 refused or nothing found, 2 bad
+arguments or settings, 3 Kafka or the service cannot be reached.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import logging
 import os
+import shutil
 import sys
+import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from enhydra.errors.uncaught import EXIT_CANNOT_START
 from enhydra.kafka.errors import KafkaAccessError
-from enhydra.settings import Connection, SettingsError
+from enhydra.logs import configure_logging
+from enhydra.settings import PREFIX, Connection, Settings, SettingsError
+
+if TYPE_CHECKING:
+    from enhydra.service import Service
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Exit codes of the tools: 1 a refused request or bad input, 3 Kafka cannot be used.
+# Exit codes of the tools: 1 a refused request, bad input or nothing found, 2 bad arguments or
+# settings, 3 Kafka (or the service's instances) cannot be reached.
+EXIT_NOTHING = 1
+EXIT_USAGE = 2
 EXIT_KAFKA = EXIT_CANNOT_START
+EXIT_UNREACHABLE = EXIT_CANNOT_START
 
 
 def debugging() -> bool:
@@ -57,7 +78,7 @@ class PlainGroup(click.Group):
     """The `enhydra` group: Kafka and settings failures end as one line, a hint and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        quiet_kafka_logs()
+        tool_logging()
         try:
             return super().invoke(ctx)
         except KafkaAccessError as exc:
@@ -74,7 +95,141 @@ def fail(lines: list[str], code: int, exc: BaseException | None = None) -> None:
     sys.exit(code)
 
 
-def quiet_kafka_logs() -> None:
-    """aiokafka's own error lines repeat what the command explains in one line."""
+def tool_logging() -> None:
+    """A command's own output says what it did: library log lines are warnings and up only, on
+    stderr (stdout stays for results), and aiokafka's error lines, which repeat what the
+    command explains in one line, not at all. ENHYDRA_LOG_LEVEL=debug shows everything.
+
+    `enhydra run` sets up the service's logging itself when it starts.
+    """
+    configure_logging(fmt="console", level="debug" if debugging() else "warning")
     if not debugging():
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def setting_option(*decls: str, setting: str, **attrs: Any) -> Callable[[F], F]:
+    """A flag for one setting: ENHYDRA_<SETTING> is its variable, Settings' own parser checks it.
+
+    The value reaches the command parsed (a port as an int), or None when neither the flag nor
+    the variable is given.
+    """
+    field = {f.name: f for f in dataclasses.fields(Settings)}[setting]
+    parser = field.metadata["parser"]
+
+    def parse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        try:
+            return parser(setting, str(value).strip())
+        except SettingsError as exc:
+            raise click.BadParameter(f"{value!r}: expected {exc.expected}") from None
+
+    attrs.setdefault("metavar", setting.rsplit("_", 1)[-1].upper())
+    return click.option(
+        *decls,
+        envvar=PREFIX + setting.upper(),
+        show_envvar=True,
+        callback=parse,
+        **attrs,
+    )
+
+
+def app_option(required: bool = True, **attrs: Any) -> Callable[[F], F]:
+    """`--app`: the application id (group id and topic prefix), else ENHYDRA_APP_ID."""
+    attrs.setdefault("help", "The application id: its group id and the prefix of its topics.")
+    return setting_option("--app", "app_id", setting="app_id", required=required, **attrs)
+
+
+def deprecated_option(old: str, dest: str, instead: str) -> Callable[[F], F]:
+    """A hidden spelling kept for scripts that still use it; it says what to use instead."""
+
+    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            click.echo(f"enhydra: {old} is deprecated: {instead}", err=True)
+        return value
+
+    return click.option(old, dest, hidden=True, callback=warn, help=instead)
+
+
+def target_or_alias(target: str | None, alias: str | None, alias_name: str) -> str | None:
+    """TARGET given once: as the argument, or through its deprecated option."""
+    if target is not None and alias is not None and target != alias:
+        raise click.UsageError(f"TARGET given twice ({target!r} and {alias_name} {alias!r})")
+    return target or alias
+
+
+def load_service(target: str) -> Service:
+    """Import `package.module:attribute` and check that it is a Service (before anything runs)."""
+    from enhydra.service import Service
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(
+            f"{target!r}: expected MODULE:ATTR, e.g. ledger.service:service", param_hint="TARGET"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc} (run from the project folder, or install it)",
+            param_hint="TARGET",
+        ) from None
+    service = getattr(module, attr, None)
+    if not isinstance(service, Service):
+        found = type(service).__name__ if service is not None else "nothing"
+        raise click.BadParameter(
+            f"{target!r} is {found}, not an enhydra.Service", param_hint="TARGET"
+        )
+    return service
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class StatusLine:
+    """One line of progress on stderr: redrawn in place on a terminal, every few seconds if not.
+
+    A terminal sees a live line; a log file or CI sees a line every `every_s` seconds, so a
+    long step is never silent and never floods.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, *, every_s: float = 5.0) -> None:
+        self.stream = stream or click.get_text_stream("stderr")
+        self.live = self.stream.isatty()
+        self.every_s = 0.2 if self.live else every_s
+        self.started = self.shown = time.monotonic()
+        self.drawn = False
+        self.pending: str | None = None  # the latest text not shown yet
+
+    def show(self, text: str, *, now: bool = False) -> None:
+        """Show `text` (unless a line was shown moments ago and `now` is not set)."""
+        clock = time.monotonic()
+        if not now and clock - self.shown < self.every_s:
+            self.pending = text
+            return
+        self.shown, self.pending = clock, None
+        if self.live:
+            width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+            self.stream.write("\r\033[K" + text[:width])
+            self.drawn = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def flush(self) -> None:
+        """Show the latest text if it was held back (the last state belongs in a log)."""
+        if self.pending is not None and not self.live:
+            self.show(self.pending, now=True)
+
+    def clear(self) -> float:
+        """Remove the live line (a permanent line follows); seconds since the start."""
+        if self.drawn:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.drawn = False
+        return time.monotonic() - self.started

@@ -9,7 +9,7 @@ import json
 import click
 
 from enhydra.admin.dlq import DlqError, read_dead_letters, replay
-from enhydra.cli.common import kafka_options
+from enhydra.cli.common import app_option, kafka_options
 from enhydra.errors.dlq import Selection, dlq_topic_name, format_table
 
 COLUMNS = ("dlq", "origin", "stage", "error", "attempts", "replays", "age_s", "message")
@@ -41,7 +41,7 @@ def _selection(opts: dict) -> Selection:
 
 def _common(fn):
     options = [
-        click.option("--app", "app_id", required=True, help="Application id (topic prefix)."),
+        app_option(),
         kafka_options,
         click.option("--topic", help="DLQ topic, if not <app>-dlq."),
         click.option("--error-class", help="Only this error class (e.g. InvalidCommand)."),
@@ -57,6 +57,11 @@ def _common(fn):
     return fn
 
 
+def _filtered(opts: dict) -> bool:
+    names = ("error_class", "stage", "partition", "from_offset", "to_offset", "since", "until")
+    return any(opts[name] is not None for name in names)
+
+
 def _load(opts: dict):
     topic = opts["topic"] or dlq_topic_name(opts["app_id"])
     try:
@@ -68,14 +73,31 @@ def _load(opts: dict):
 
 @click.group()
 def dlq() -> None:
-    """Inspect and replay the dead-letter queue."""
+    """Inspect and replay the dead-letter queue.
+
+    \b
+    Example:
+      enhydra dlq list --app billing --since 2026-11-22T10:00
+    """
 
 
 @dlq.command("list")
 @_common
 def list_(**opts: object) -> None:
-    """A table of dead letters: origin, stage, error, age."""
-    _, letters = _load(opts)
+    """A table of dead letters: origin, stage, error, age.
+
+    \b
+    Example:
+      enhydra dlq list --app billing --error-class InvalidCommand
+    """
+    topic, letters = _load(opts)
+    if not letters:
+        click.echo(
+            f"0 dead letter(s) in {topic} (none match)"
+            if _filtered(opts)
+            else f"0 dead letter(s) in {topic}"
+        )
+        return
     now = dt.datetime.now(dt.UTC)
     rows = [letter.summary(now) for letter in letters]
     for row in rows:
@@ -89,7 +111,12 @@ def list_(**opts: object) -> None:
 @click.option("--offset", "dlq_offset", type=int, required=True, help="DLQ offset to show.")
 @click.option("--dlq-partition", type=int, default=0, show_default=True)
 def show(dlq_offset: int, dlq_partition: int, **opts: object) -> None:
-    """One dead letter in full: key, decoded value, every header, the stack trace."""
+    """One dead letter in full: key, decoded value, every header, the stack trace.
+
+    \b
+    Example:
+      enhydra dlq show --app billing --offset 17
+    """
     _, letters = _load(opts)
     found = [x for x in letters if x.dlq_offset == dlq_offset and x.dlq_partition == dlq_partition]
     if not found:
@@ -108,14 +135,20 @@ def show(dlq_offset: int, dlq_partition: int, **opts: object) -> None:
 @click.option("--to-topic", help="Send here instead of each record's source topic.")
 @click.option("--dry-run", is_flag=True, help="Show what would be replayed; send nothing.")
 def replay_(to_topic: str | None, dry_run: bool, **opts: object) -> None:
-    """Send the selected dead letters back to their source topic (after fixing the cause)."""
+    """Send the selected dead letters back to their source topic (after fixing the cause).
+
+    \b
+    Example:
+      enhydra dlq replay --app billing --stage process --since 2026-11-22T10:00 --dry-run
+    """
     topic, letters = _load(opts)
     now = dt.datetime.now(dt.UTC)
     if dry_run:
         click.echo(format_table([x.summary(now) for x in letters], COLUMNS[:-1]))
         click.echo(f"dry run: {len(letters)} dead letter(s) would be replayed")
         return
-    with click.progressbar(length=len(letters), label="replaying", file=None) as bar:
+    stderr = click.get_text_stream("stderr")
+    with click.progressbar(length=len(letters), label="replaying", file=stderr) as bar:
         try:
             sent = asyncio.run(
                 replay(opts["conn"], topic, letters, to_topic=to_topic, progress=bar.update)

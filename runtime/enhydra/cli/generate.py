@@ -211,7 +211,13 @@ KINDS = {"handler": generate_handler, "projection": generate_projection, "job": 
     help="The service project (default: the current directory or one above it).",
 )
 def generate(kind: str, name: str, project: Path) -> None:
-    """Add a handler, projection or job NAME (with tests) to a generated service."""
+    """Add a handler, projection or job NAME (with tests) to a generated service.
+
+    \b
+    Examples:
+      enhydra generate handler restock
+      enhydra generate projection daily_totals --project ~/src/billing
+    """
     found = find_project(project.resolve())
     for path in KINDS[kind](found, check_name(name)):
         click.echo(f"wrote {path.relative_to(found.root)}")

@@ -1,7 +1,8 @@
 """`enhydra kafka ...`: run the pinned Apache Kafka locally for development and tests.
 
-Machine-readable results (`bootstrap=...`, `pid=...`) go to stdout, one per line, so scripts can
-`eval` or grep them; progress and notes go to stderr.
+A thin shell over enhydra.devtools.broker. Machine-readable results (`bootstrap=...`,
+`pid=...`) go to stdout, one per line, so scripts can `eval` or grep them; progress (Maven's,
+as a live status line) and notes go to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import TypeVar
 
 import click
 
-from enhydra.broker.local import (
+from enhydra.cli.common import StatusLine
+from enhydra.devtools.broker import (
     DEFAULT_PORT,
     KAFKA_VERSION,
     BrokerError,
@@ -20,13 +22,31 @@ from enhydra.broker.local import (
     LocalBroker,
     kafka_classpath,
 )
-from enhydra.broker.security import ADMIN_USER
+from enhydra.devtools.broker_security import ADMIN_USER
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
 def _note(message: str) -> None:
     click.echo(f"enhydra: {message}", err=True)
+
+
+class _MavenStatus:
+    """Maven's progress as a status line: live on a terminal, every few seconds in a log."""
+
+    def __init__(self) -> None:
+        self.line = StatusLine(every_s=5.0)
+
+    def note(self, line: str) -> None:
+        self.line.flush()
+        self.line.clear()
+        click.echo(line, err=True)
+
+    def status(self, line: str) -> None:
+        self.line.show(f"enhydra: {line}")
+
+    def done(self) -> None:
+        self.line.clear()
 
 
 def _data_dir_option(func: F) -> F:
@@ -43,7 +63,12 @@ def _data_dir_option(func: F) -> F:
 
 @click.group("kafka")
 def kafka() -> None:
-    """Run a local single-node Apache Kafka broker (KRaft) for development and tests."""
+    """Run a local single-node Apache Kafka broker (KRaft) for development and tests.
+
+    \b
+    Example:
+      enhydra kafka start && enhydra kafka status && enhydra kafka stop
+    """
 
 
 @kafka.command("start")
@@ -82,13 +107,16 @@ def start(
       eval "$(enhydra kafka start --security ssl --env)"
     """
     broker = LocalBroker(data_dir, port, secured=security is not None)
+    status = _MavenStatus()
     try:
         running = broker.status()
         if running is None:
             _note(f"starting Apache Kafka {KAFKA_VERSION} (data in {broker.data_dir})")
-        info = broker.start(timeout=timeout)
+        info = broker.start(timeout=timeout, report=status)
     except (BrokerError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        status.done()
     if running is not None and running.pid == info.pid:
         _note(f"reusing the running broker (pid {info.pid}, data in {info.data_dir})")
     else:
@@ -135,7 +163,12 @@ def client_settings(info: BrokerInfo, security: str | None) -> dict[str, str]:
     help="Seconds to wait for a clean shutdown before killing the broker.",
 )
 def stop(data_dir: Path | None, timeout: float) -> None:
-    """Stop the broker recorded in the data dir (its data is kept)."""
+    """Stop the broker recorded in the data dir (its data is kept).
+
+    \b
+    Example:
+      enhydra kafka stop --timeout 10
+    """
     broker = LocalBroker(data_dir)
     try:
         running = broker.status()
@@ -152,7 +185,12 @@ def stop(data_dir: Path | None, timeout: float) -> None:
 @_data_dir_option
 @click.pass_context
 def status(ctx: click.Context, data_dir: Path | None) -> None:
-    """Print `bootstrap=...` and `pid=...` of the running broker; exit 1 if none is running."""
+    """Print `bootstrap=...` and `pid=...` of the running broker; exit 1 if none is running.
+
+    \b
+    Example:
+      enhydra kafka status | grep bootstrap= | cut -d= -f2
+    """
     broker = LocalBroker(data_dir)
     info = broker.status()
     if info is None:
@@ -164,9 +202,20 @@ def status(ctx: click.Context, data_dir: Path | None) -> None:
 
 @kafka.command("fetch")
 def fetch() -> None:
-    """Download the Kafka jars into the cache (once), and print `classpath=...`."""
+    """Download the Kafka jars into the cache (once), and print `classpath=...`.
+
+    The first time, Maven downloads about 45 MB from Maven Central (minutes on a slow link);
+    its progress shows on stderr. ENHYDRA_CACHE_DIR moves the cache [default: ~/.cache/enhydra].
+
+    \b
+    Example:
+      ENHYDRA_CACHE_DIR=/var/cache/enhydra enhydra kafka fetch
+    """
+    status = _MavenStatus()
     try:
-        classpath = kafka_classpath()
+        classpath = kafka_classpath(report=status)
     except (BrokerError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        status.done()
     click.echo(f"classpath={classpath}")

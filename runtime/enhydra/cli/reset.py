@@ -16,12 +16,12 @@ from enhydra.admin.reset import (
     parse_offsets,
     plan_reset,
 )
-from enhydra.cli.common import kafka_options
+from enhydra.cli.common import app_option, kafka_options
 from enhydra.settings import Connection
 
 
 @click.command()
-@click.option("--app", "app_id", required=True, help="Application id (group id, topic prefix).")
+@app_option()
 @kafka_options
 @click.option("--to-earliest", "earliest", is_flag=True, help="Reprocess everything (default).")
 @click.option("--to-datetime", help="From the first command at or after this time (ISO 8601).")
@@ -49,7 +49,15 @@ def reset(
     dry_run: bool,
     yes: bool,
 ) -> None:
-    """Reset APP's offsets, changelogs and local state; refuses while instances run."""
+    """Reset an application's offsets, changelogs and local state; refuses while instances run.
+
+    Shows the plan and asks before changing anything.
+
+    \b
+    Examples:
+      enhydra reset --app billing --dry-run
+      enhydra reset --app billing --to-datetime 2026-11-22T10:00:00Z --state-dir state
+    """
     chosen = [
         n
         for n, v in (

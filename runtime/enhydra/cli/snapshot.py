@@ -5,44 +5,81 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import sys
 from pathlib import Path
 
 import click
 
-from enhydra.cli.common import kafka_options
-from enhydra.cli.run import load_service
+from enhydra.cli.common import (
+    EXIT_NOTHING,
+    StatusLine,
+    app_option,
+    deprecated_option,
+    kafka_options,
+    load_service,
+    target_or_alias,
+)
 from enhydra.contracts.codec import decode_entry
+from enhydra.service import Service
 from enhydra.settings import Connection
 from enhydra.snapshots.format import SnapshotError, open_snapshot, topology_fingerprint
 from enhydra.snapshots.offline import clone, request_snapshot, restore, snapshot_at
-from enhydra.snapshots.storage import open_snapshot_at, open_storage
+from enhydra.snapshots.storage import FileStorage, S3Storage, open_snapshot_at, open_storage
 
-BOOTSTRAP = kafka_options
+STORAGE_HELP = "A folder, file://..., or s3://bucket/prefix?endpoint_url=..."
 STORAGE = click.option(
     "--storage",
     envvar="ENHYDRA_SNAPSHOT_STORAGE",
+    show_envvar=True,
     required=True,
-    help="A folder, file://..., or s3://bucket/prefix?endpoint_url=...",
+    metavar="URL",
+    help=STORAGE_HELP,
+)
+LOCATION = click.argument("location", metavar="SNAPSHOT")
+# TARGET used to be given as --service MODULE:ATTR; scripts that still do keep working.
+SERVICE_ALIAS = deprecated_option(
+    "--service", "service_alias", "pass MODULE:ATTR as the TARGET argument"
 )
 
 
-def _open(location: str, *, service: str | None = None, force: bool = False):
+def _storage(url: str, *, must_exist: bool) -> FileStorage | S3Storage:
+    """The storage at `url`, refused before anything else runs when it cannot be right."""
+    try:
+        storage = open_storage(url)
+    except SnapshotError as exc:
+        raise click.BadParameter(str(exc), param_hint="--storage") from None
+    if must_exist and isinstance(storage, FileStorage) and not storage.root.is_dir():
+        what = "not a folder" if storage.root.exists() else "no such folder"
+        raise click.BadParameter(f"{url}: {what}", param_hint="--storage")
+    return storage
+
+
+def _service(target: str | None, alias: str | None) -> Service | None:
+    target = target_or_alias(target, alias, "--service")
+    return load_service(target) if target is not None else None
+
+
+def _open(location: str, *, service: Service | None = None, force: bool = False):
     """A snapshot from a folder, or `<storage url>#<snapshot id>` for remote storage."""
     storage_url, sep, snapshot_id = location.partition("#")
     try:
         if sep:
-            directory = open_snapshot_at(open_storage(storage_url), snapshot_id)
+            directory = open_snapshot_at(_storage(storage_url, must_exist=True), snapshot_id)
         else:
             directory = Path(location)
+            if not directory.exists():
+                raise click.BadParameter(
+                    f"{location}: no such folder (a snapshot's folder, or STORAGE#ID)",
+                    param_hint="SNAPSHOT",
+                )
         expected = None
         if service is not None:
             snap = open_snapshot(directory, verify=False)
-            svc = load_service(service)
-            bound = svc.bound
+            bound = service.bound
             expected = topology_fingerprint(
                 app_id=snap.manifest.app_id,
                 store=bound.name,
-                partitions=svc.settings.partitions,
+                partitions=service.settings.partitions,
                 commands_topic=snap.manifest.cut.topic,
                 changelog_topic=f"{snap.manifest.app_id}-{bound.name}-changelog",
             )
@@ -53,46 +90,96 @@ def _open(location: str, *, service: str | None = None, force: bool = False):
 
 @click.group()
 def snapshot() -> None:
-    """Consistent snapshots of an application's state, clones and time travel."""
+    """Consistent snapshots of an application's state, clones and time travel.
+
+    \b
+    Example:
+      enhydra snapshot create --app billing --storage /backups/snapshots
+      enhydra snapshot list --storage /backups/snapshots
+    """
 
 
 @snapshot.command()
-@click.option("--app", "app_id", required=True)
-@BOOTSTRAP
+@app_option()
+@kafka_options
 @STORAGE
-@click.option("--timeout", default=300.0, show_default=True)
+@click.option(
+    "--timeout", default=300.0, show_default=True, help="Seconds to wait for the snapshot."
+)
 def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
-    """Ask the running application for a consistent snapshot and wait for it."""
-    with click.progressbar(length=0, label="partitions written", show_pos=True) as bar:
+    """Ask the running application for a consistent snapshot and wait for it.
 
-        def progress(part: dict) -> None:
-            bar.length = part["partitions"]
-            bar.update(1)
+    Its instances cut every partition at one point of the input and write the files to
+    STORAGE themselves, so STORAGE is where they can write (a shared folder, S3). Prints the
+    snapshot's id, rows and cut as JSON.
 
-        try:
-            done = asyncio.run(
-                request_snapshot(conn, app_id, storage, timeout=timeout, progress=progress)
-            )
-        except SnapshotError as exc:
-            raise click.ClickException(str(exc)) from exc
+    \b
+    Example:
+      enhydra snapshot create --app billing --storage s3://backups/billing
+    """
+    _storage(storage, must_exist=False)
+    line = StatusLine(every_s=5.0)
+    line.show(f"enhydra: asking {app_id}'s instances for a snapshot...", now=True)
+    written: dict[int, int] = {}
+
+    def progress(part: dict) -> None:
+        written[part["partition"]] = int(part.get("file", {}).get("rows", 0))
+        line.show(
+            f"enhydra: {len(written)}/{part['partitions']} partitions written "
+            f"({sum(written.values()):,} rows)",
+            now=len(written) == part["partitions"],
+        )
+
+    try:
+        done = asyncio.run(
+            request_snapshot(conn, app_id, storage, timeout=timeout, progress=progress)
+        )
+    except SnapshotError as exc:
+        line.clear()
+        raise click.ClickException(str(exc)) from exc
+    line.clear()
     click.echo(json.dumps({k: done[k] for k in ("id", "storage", "rows", "cut", "seconds")}))
 
 
 @snapshot.command("list")
 @STORAGE
 def list_(storage: str) -> None:
-    """Complete snapshots in a storage (those with a manifest)."""
-    for snapshot_id in open_storage(storage).list_snapshots():
+    """Print the id of every complete snapshot in STORAGE (those with a manifest), oldest first.
+
+    Exits 1 when STORAGE holds none, 2 when it does not exist.
+
+    \b
+    Example:
+      enhydra snapshot list --storage /backups/snapshots | tail -1
+    """
+    found = _storage(storage, must_exist=True)
+    ids = found.list_snapshots()
+    if not ids:
+        click.echo(
+            f"no snapshots in {found.url} (take one with `enhydra snapshot create`)", err=True
+        )
+        sys.exit(EXIT_NOTHING)
+    for snapshot_id in ids:
         click.echo(snapshot_id)
 
 
 @snapshot.command()
-@click.argument("location")
-@click.option("--service", help="MODULE:ATTR to check the topology fingerprint against.")
+@LOCATION
+@click.argument("target", required=False)
+@SERVICE_ALIAS
 @click.option("--force", is_flag=True, help="Accept a foreign topology fingerprint.")
-def verify(location: str, service: str | None, force: bool) -> None:
-    """Check a snapshot: manifest, every file's size and sha256, the fingerprint."""
-    snap = _open(location, service=service, force=force)
+def verify(location: str, target: str | None, service_alias: str | None, force: bool) -> None:
+    """Check a snapshot: manifest, every file's size and sha256, and with TARGET (MODULE:ATTR)
+    that its topology fingerprint is the service's.
+
+    SNAPSHOT is a snapshot's folder, or STORAGE#ID (an id `snapshot list` prints).
+
+    \b
+    Example:
+      enhydra snapshot verify /backups/snapshots/billing-20261122T130501Z \\
+        billing.service:service
+    """
+    snap = _open(location, service=_service(target, service_alias), force=force)
     m = snap.manifest
     click.echo(
         f"ok: {m.app_id}/{m.store}, {len(m.partitions)} partitions, {m.rows} rows, "
@@ -101,11 +188,16 @@ def verify(location: str, service: str | None, force: bool) -> None:
 
 
 @snapshot.command()
-@click.argument("location")
+@LOCATION
 @click.argument("store")
 @click.argument("key")
 def query(location: str, store: str, key: str) -> None:
-    """Print one key's state from a snapshot."""
+    """Print one KEY's state in STORE from a snapshot; exit 1 when there is no such key.
+
+    \b
+    Example:
+      enhydra snapshot query /backups/snapshots/billing-20261122T130501Z invoices inv-42
+    """
     snap = _open(location)
     if store != snap.manifest.store:
         raise click.ClickException(
@@ -118,26 +210,43 @@ def query(location: str, store: str, key: str) -> None:
 
 
 def _bar(label: str, total: int):
-    return click.progressbar(length=total, label=label, show_pos=True)
+    return click.progressbar(
+        length=total,
+        label=label,
+        show_pos=True,
+        show_percent=True,
+        file=click.get_text_stream("stderr"),  # stdout is for the result lines
+    )
 
 
 @snapshot.command("clone")
-@click.argument("location")
+@LOCATION
+@click.argument("target", required=False)
 @click.option("--to-app", required=True, help="The new application's id.")
 @click.option("--commands-topic", help="Input of the clone (default: the source's, from the cut).")
-@click.option("--service", help="MODULE:ATTR the clone will run, to check the fingerprint.")
-@click.option("--force", is_flag=True)
-@BOOTSTRAP
+@SERVICE_ALIAS
+@click.option("--force", is_flag=True, help="Accept a foreign topology fingerprint.")
+@kafka_options
 def clone_(
     location: str,
+    target: str | None,
     to_app: str,
     commands_topic: str | None,
-    service: str | None,
+    service_alias: str | None,
     force: bool,
     conn: Connection,
 ) -> None:
-    """Start a new application from a snapshot (pre-deploy tests, blue/green)."""
-    snap = _open(location, service=service, force=force)
+    """Start a new application from a snapshot (pre-deploy tests, blue/green).
+
+    SNAPSHOT is a snapshot's folder, or STORAGE#ID. With TARGET (MODULE:ATTR, the service the
+    clone will run) the snapshot's topology fingerprint is checked first.
+
+    \b
+    Example:
+      enhydra snapshot clone /backups/snapshots/billing-20261122T130501Z \\
+        billing.service:service --to-app billing-v2
+    """
+    snap = _open(location, service=_service(target, service_alias), force=force)
     with _bar("loading state", snap.manifest.rows) as bar:
         try:
             result = asyncio.run(
@@ -160,17 +269,33 @@ def clone_(
 
 
 @snapshot.command("restore")
-@click.argument("location")
-@click.option("--app", "app_id", required=True)
-@click.option("--service", help="MODULE:ATTR to check the fingerprint against.")
-@click.option("--force", is_flag=True)
+@LOCATION
+@click.argument("target", required=False)
+@app_option()
+@SERVICE_ALIAS
+@click.option("--force", is_flag=True, help="Accept a foreign topology fingerprint.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@BOOTSTRAP
+@kafka_options
 def restore_(
-    location: str, app_id: str, service: str | None, force: bool, yes: bool, conn: Connection
+    location: str,
+    target: str | None,
+    app_id: str,
+    service_alias: str | None,
+    force: bool,
+    yes: bool,
+    conn: Connection,
 ) -> None:
-    """Bring an application back to a snapshot (its instances stopped; wipe their state dirs)."""
-    snap = _open(location, service=service, force=force)
+    """Bring an application back to a snapshot (its instances stopped; wipe their state dirs).
+
+    SNAPSHOT is a snapshot's folder, or STORAGE#ID. With TARGET (MODULE:ATTR) the snapshot's
+    topology fingerprint is checked first.
+
+    \b
+    Example:
+      enhydra snapshot restore /backups/snapshots/billing-20261122T130501Z \\
+        billing.service:service --app billing
+    """
+    snap = _open(location, service=_service(target, service_alias), force=force)
     if not yes:
         click.confirm(
             f"replace {app_id}'s state with {snap.manifest.rows} rows from the "
@@ -189,34 +314,58 @@ def restore_(
 
 
 @snapshot.command("at")
-@click.option("--service", "target", required=True, help="MODULE:ATTR whose apply is used.")
-@click.option("--app", "app_id", help="Application id (default: the service's).")
-@click.option("--time", "when", required=True, help="ISO time, e.g. 2026-11-22T10:00:00Z.")
-@click.option("--output", type=click.Path(path_type=Path), required=True)
-@BOOTSTRAP
-def at(target: str, app_id: str | None, when: str, output: Path, conn: Connection) -> None:
-    """Build the snapshot as of a time by replaying the events topic through `apply`."""
+@click.argument("target", required=False)
+@SERVICE_ALIAS
+@app_option(required=False, help="Application id [default: TARGET's].")
+@click.option(
+    "--time", "when", required=True, metavar="ISO-TIME", help="e.g. 2026-11-22T10:00:00Z."
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The folder the snapshot is written to.",
+)
+@kafka_options
+def at(
+    target: str | None,
+    service_alias: str | None,
+    app_id: str | None,
+    when: str,
+    output: Path,
+    conn: Connection,
+) -> None:
+    """Build the snapshot as of a time by replaying the events topic through TARGET's `apply`.
+
+    \b
+    Example:
+      enhydra snapshot at billing.service:service --time 2026-11-22T10:00:00Z --output asof/
+    """
     try:
         until = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(f"{when!r}: expected an ISO time") from None
+        raise click.BadParameter(f"{when!r}: expected an ISO time", param_hint="--time") from None
     if until.tzinfo is None:
         until = until.replace(tzinfo=dt.UTC)
-    svc = load_service(target)
+    svc = _service(target, service_alias)
+    if svc is None:
+        raise click.UsageError("Missing argument 'TARGET' (MODULE:ATTR of the service).")
     app = app_id or svc.settings.app_id
     bound = svc.aggregate.bind(app)
-    with click.progressbar(length=0, label="events read", show_pos=True) as bar:
-        try:
-            manifest = asyncio.run(
-                snapshot_at(
-                    bound,
-                    conn=conn,
-                    app_id=app,
-                    until=until,
-                    output=output,
-                    progress=bar.update,
-                )
-            )
-        except SnapshotError as exc:
-            raise click.ClickException(str(exc)) from exc
+    line = StatusLine()
+    read = 0
+
+    def progress(count: int) -> None:
+        nonlocal read
+        read += count
+        line.show(f"enhydra: {read:,} events read from {bound.events_topic}")
+
+    try:
+        manifest = asyncio.run(
+            snapshot_at(bound, conn=conn, app_id=app, until=until, output=output, progress=progress)
+        )
+    except SnapshotError as exc:
+        line.clear()
+        raise click.ClickException(str(exc)) from exc
+    line.clear()
     click.echo(f"snapshot as of {until.isoformat()}: {manifest.rows} keys in {output}")

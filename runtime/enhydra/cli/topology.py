@@ -1,5 +1,5 @@
-"""`enhydra topology show|check`: what a service reads, writes and stores, and whether an
-upgrade can be rolled out instance by instance."""
+"""`enhydra topology show|check|lock`: what a service reads, writes and stores, whether an
+upgrade can be rolled out instance by instance, and the committed baseline (topology.json)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,24 @@ from pathlib import Path
 
 import click
 
-from enhydra.cli.run import load_service
+from enhydra.cli.common import load_service
+from enhydra.cli.generate import GenerateError, find_project
 from enhydra.plugins import PluginError
 from enhydra.settings import SettingsError
 from enhydra.topology import (
+    BaselineError,
     TopologyError,
     compare,
+    is_deployed,
+    locked,
     render,
     to_mermaid,
     topology_of,
     validate,
     verdict,
 )
+
+BASELINE = "topology.json"
 
 
 def _topology(target: str) -> dict:
@@ -41,7 +47,7 @@ def read_topology(path: Path) -> dict:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise click.ClickException(
-            f"{path}: no such file (write it with `enhydra topology show MODULE:ATTR -o {path}`)"
+            f"{path}: no such file (write it with `enhydra topology lock`)"
         ) from None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"{path}: not valid JSON: {exc}") from None
@@ -53,7 +59,12 @@ def read_topology(path: Path) -> dict:
 
 @click.group()
 def topology() -> None:
-    """Show a service's topology, or check an upgrade against the deployed one."""
+    """Show a service's topology, check an upgrade against the deployed one, lock the baseline.
+
+    \b
+    Example:
+      enhydra topology check billing.service:service --against topology.json
+    """
 
 
 @topology.command()
@@ -65,7 +76,12 @@ def topology() -> None:
     "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file."
 )
 def show(target: str, fmt: str, output: Path | None) -> None:
-    """Print TARGET's (MODULE:ATTR) topology and fingerprint, as JSON or a Mermaid diagram."""
+    """Print TARGET's (MODULE:ATTR) topology and fingerprint, as JSON or a Mermaid diagram.
+
+    \b
+    Example:
+      enhydra topology show billing.service:service --format mermaid
+    """
     topo = _topology(target)
     text = dump(topo) if fmt == "json" else to_mermaid(topo)
     if output is None:
@@ -85,17 +101,26 @@ def show(target: str, fmt: str, output: Path | None) -> None:
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def check(target: str, against: Path, fmt: str) -> None:
-    """Compare TARGET with the deployed topology; exit 1 if a change is incompatible."""
+    """Compare TARGET with the deployed topology; exit 1 if a change is incompatible.
+
+    A baseline marked `"deployed": false` (see `topology lock`) only reports the changes.
+
+    \b
+    Example:
+      enhydra topology check billing.service:service --against topology.json
+    """
     old = read_topology(against)
     new = _topology(target)
     changes = compare(old, new)
     path = verdict(changes)
-    incompatible = any(not c.compatible for c in changes)
+    deployed = is_deployed(old)
+    incompatible = deployed and any(not c.compatible for c in changes)
     if fmt == "json":
         report = {
             "app_id": new["app_id"],
             "against": str(against),
             "fingerprint": {"old": old.get("fingerprint"), "new": new["fingerprint"]},
+            "deployed": deployed,
             "compatible": not incompatible,
             "upgrade": str(path) if path is not None else None,
             "changes": [c.to_json() for c in changes],
@@ -103,5 +128,66 @@ def check(target: str, against: Path, fmt: str) -> None:
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(render(changes, app_id=new["app_id"], against=str(against)))
+        if not deployed:
+            click.echo(
+                f"{against} is not deployed yet: nothing runs that a change could break; "
+                "`enhydra topology lock` rewrites it, `enhydra topology lock --deployed` after "
+                "the first deploy"
+            )
     if incompatible:
         sys.exit(1)
+
+
+def _locate(target: str | None, output: Path | None) -> tuple[str, Path]:
+    """TARGET and the baseline file: given, or those of the project around the current folder."""
+    if target is not None:
+        return target, output or Path(BASELINE)
+    try:
+        project = find_project(Path.cwd())
+    except GenerateError as exc:
+        raise click.ClickException(
+            f"{exc.message}; or name the service: enhydra topology lock MODULE:ATTR"
+        ) from None
+    return f"{project.package}.service:service", output or project.root / BASELINE
+
+
+@topology.command()
+@click.argument("target", required=False)
+@click.option(
+    "--deployed",
+    is_flag=True,
+    help="Mark the baseline deployed: from now on incompatible changes fail `check`.",
+)
+@click.option(
+    "--file",
+    "-f",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"The baseline [default: {BASELINE} of the project around the current folder].",
+)
+def lock(target: str | None, deployed: bool, output: Path | None) -> None:
+    """(Re)write the topology baseline from the code of TARGET (MODULE:ATTR).
+
+    Until the first deploy the baseline is marked not deployed and follows the code: run this
+    (a generated project's tests do) whenever the topology changes. After the first deploy,
+    and after each deploy of an incompatible change, run it with --deployed.
+
+    \b
+    Examples:
+      enhydra topology lock                   # in a project made by `enhydra new`
+      enhydra topology lock --deployed        # right after deploying this version
+      enhydra topology lock billing.service:service -f topology.json
+    """
+    target, path = _locate(target, output)
+    previous = read_topology(path) if path.exists() else None
+    current = _topology(target)
+    try:
+        baseline = locked(current, previous, deployed=deployed)
+    except BaselineError as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
+    state = "deployed" if deployed else "not deployed: it follows the code until --deployed"
+    if previous == baseline:
+        click.echo(f"{path}: unchanged ({baseline['fingerprint']}, {state})")
+        return
+    path.write_text(dump(baseline))
+    click.echo(f"{path}: locked at {baseline['fingerprint']} ({state})")

@@ -6,11 +6,14 @@ import asyncio
 from collections.abc import Mapping
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownMemberIdError
 from aiokafka.structs import OffsetAndMetadata
 
 from enhydra.kafka.clients import Admin, Consumer, open_consumer
+from enhydra.kafka.membership import remove_static_members
 from enhydra.settings import Connection
+
+UNKNOWN_MEMBER_ID = ""  # what aiokafka calls a consumer that has not joined yet
 
 
 async def group_members(admin: Admin, group: str, *, attempts: int = 40) -> list[str]:
@@ -57,3 +60,32 @@ async def commit_offsets(
 def request_rejoin(consumer: Consumer) -> None:
     """Make a group member rejoin now (a probing rebalance); aiokafka has no public call."""
     consumer._coordinator.request_rejoin()
+
+
+def member_id(consumer: Consumer | None) -> str | None:
+    """The member id the group gave this consumer (None before it joined)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    member = getattr(coordinator, "member_id", None)
+    return member if member and member != UNKNOWN_MEMBER_ID else None
+
+
+async def leave_group(consumer: Consumer, group_id: str, instance_id: str) -> bool:
+    """Leave now as the static member `instance_id` (aiokafka's stop() does not, by design).
+
+    True when the group let this member go (or no longer had it).
+    """
+    result = await remove_static_members(
+        consumer._client, group_id, {instance_id: member_id(consumer)}, reason="scale-down"
+    )
+    error = result.get(instance_id)
+    return error is None or isinstance(error, UnknownMemberIdError)
+
+
+def fenced(error: BaseException) -> bool:
+    """Whether `error` says another process joined the group under this static member's id.
+
+    aiokafka does not know Kafka's FENCED_INSTANCE_ID (82): its heartbeat fails with an
+    UnknownError, which a static member sees only in this case.
+    """
+    text = str(error)
+    return isinstance(error, KafkaError) and "heartbeat" in text and "UnknownError" in text

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from enhydra.kafka.clients import Consumer, open_consumer
+from enhydra.kafka.clients import Consumer, Producer, open_consumer
 from enhydra.settings import Connection
 
 Range = tuple[int, int]  # [start, end) offsets of one partition
@@ -38,6 +38,16 @@ async def partitions_of(consumer: Consumer, topic: str) -> list[int]:
         await consumer._client.force_metadata_update()
         found = consumer.partitions_for_topic(topic)
     return sorted(found or ())
+
+
+async def known_topics(client: Consumer | Producer) -> set[str]:
+    """Every topic the cluster has now (fresh metadata, not the client's cache)."""
+    metadata = (
+        await client._client.fetch_all_metadata()
+        if isinstance(client, Consumer)
+        else await client.client.fetch_all_metadata()
+    )
+    return set(metadata.topics())
 
 
 async def refresh_metadata(consumer: Consumer) -> None:

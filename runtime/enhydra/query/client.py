@@ -14,8 +14,9 @@ again, honouring Retry-After, until `retry_for` seconds have passed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -26,6 +27,10 @@ from enhydra.contracts.partitioner import partition_for
 
 RETRIABLE = (0, 421, 502, 503)
 METADATA_TTL_S = 30.0
+
+
+def _unreachable(body: Any) -> bool:
+    return isinstance(body, dict) and body.get("code") == "unreachable"
 
 
 class QueryError(Exception):
@@ -50,7 +55,13 @@ class Client:
         timeout: float = 5.0,
         retry_for: float = 30.0,
         session: aiohttp.ClientSession | None = None,
+        retry_unreachable: bool = True,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
+        """`retry_unreachable=False`: when no instance answers at all (nothing listens, or the
+        name does not resolve) fail at once, with a QueryError of code "unreachable", instead
+        of retrying; once one answered, a dead instance is retried as the group moves.
+        `on_wait(reason)` hears why each retry waits."""
         seeds = [urls] if isinstance(urls, str) else list(urls)
         if not seeds:
             raise ValueError("give at least one instance URL")
@@ -58,6 +69,8 @@ class Client:
         self.token = token
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.retry_for = retry_for
+        self.retry_unreachable = retry_unreachable
+        self.on_wait = on_wait
         self._session = session
         self._owns_session = session is None
         self._metadata: dict[str, Any] | None = None
@@ -92,6 +105,14 @@ class Client:
                 except orjson.JSONDecodeError:
                     body = raw.decode("utf-8", "replace")
                 return response.status, dict(response.headers), body
+        except aiohttp.ClientConnectorError as exc:
+            # Nothing listens there (refused), the name does not resolve, TLS fails.
+            error = getattr(exc, "os_error", None)  # certificate errors carry none
+            if isinstance(error, OSError) and error.errno == errno.ECONNREFUSED:
+                why = "connection refused"
+            else:
+                why = (error.strerror if isinstance(error, OSError) else None) or str(exc)
+            return 0, {}, {"error": f"{base} unreachable: {why}", "code": "unreachable"}
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return 0, {}, {"error": f"{base} unreachable: {type(exc).__name__}: {exc}"}
 
@@ -106,11 +127,13 @@ class Client:
         delay = 0.1
         while True:
             status, headers, body = await ask()
-            if status not in RETRIABLE:
+            if status not in RETRIABLE or self._give_up_on(body):
                 return status, headers, body
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return status, headers, body
+            if self.on_wait is not None:
+                self.on_wait(self._fail(status, body).args[0])
             try:
                 wait = float(headers.get("Retry-After", delay))
             except ValueError:
@@ -118,6 +141,10 @@ class Client:
             await asyncio.sleep(max(0.05, min(wait, remaining, 5.0)))
             delay = min(delay * 2, 2.0)
             self._metadata = None  # the group may have moved: learn it again
+
+    def _give_up_on(self, body: Any) -> bool:
+        """Nothing answers and no instance ever did: nothing to wait for, unless asked to."""
+        return not self.retry_unreachable and self._metadata is None and _unreachable(body)
 
     @staticmethod
     def _fail(status: int, body: Any) -> QueryError:

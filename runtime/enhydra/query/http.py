@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from enhydra.failover.endpoint import STREAM_PATH
 from enhydra.logs import get_logger
 from enhydra.query.api import AdminRoute, ApiConfig, ApiContext, ApiError
 from enhydra.query.metrics import Histogram
@@ -148,6 +149,8 @@ def _errors_and_timing(ctx: ApiContext):
     async def middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if request.path == STREAM_PATH:  # peers' long-lived heartbeat streams: not requests
+            return await handler(request)
         started = time.perf_counter()
         try:
             response = await handler(request)

@@ -278,7 +278,12 @@ class ChangelogReader:
             self._consumer.seek(tp, start)
             progress.start, progress.target = start, ends[tp]
             if ends[tp] > start:
-                log.info("restore started", partition=tp.partition, records=ends[tp] - start)
+                log.info(
+                    "restore started",
+                    changelog=self.topic,
+                    partition=tp.partition,
+                    records=ends[tp] - start,
+                )
 
     def _write(self, batch: dict[TopicPartition, list]) -> None:
         for tp, records in batch.items():
@@ -321,17 +326,36 @@ class ChangelogReader:
             # Pause rather than re-assign: a new assignment would forget the other positions.
             self._consumer.pause(tp)
             if progress.restored:
-                log.info("restore finished", partition=partition, **copy.restore)
+                log.info(
+                    "restore finished", changelog=self.topic, partition=partition, **copy.restore
+                )
             self.on_restored(copy)
 
     def _report_progress(self) -> None:
+        """One line for the whole changelog: a store with many partitions stays readable."""
         now = time.monotonic()
         if now - self._last_report < PROGRESS_EVERY_S:
             return
         self._last_report = now
-        for partition, (copy, progress) in self._restoring.items():
-            if progress.target is not None and progress.restored:
-                log.info("restoring", partition=partition, **copy.restore)
+        going = [
+            (partition, copy.restore)
+            for partition, (copy, progress) in sorted(self._restoring.items())
+            if progress.target is not None and copy.restore
+        ]
+        restored = sum(int(r["restored"]) for _, r in going)
+        if not restored:
+            return
+        remaining = sum(int(r["remaining"]) for _, r in going)
+        rate = sum(r["rate"] for _, r in going)
+        log.info(
+            "restoring",
+            changelog=self.topic,
+            partitions=[p for p, _ in going],
+            restored=restored,
+            remaining=remaining,
+            rate=round(rate, 1),
+            eta_s=round(remaining / rate, 1) if rate > 0 else 0.0,
+        )
 
 
 def _progress(progress: _Restore, position: int) -> dict[str, float]:

@@ -77,6 +77,17 @@ class OutputTooLargeForBatch(ValueError):
     """A single record does not fit an empty producer batch (max_batch_size)."""
 
 
+class StaleBatch(RuntimeError):
+    """This process stalled long enough to have lost its tasks: the batch must not be written."""
+
+
+Guard = Callable[[], None]  # raises StaleBatch when the batch may no longer be this process's
+
+
+def _no_guard() -> None:
+    """Exactly-once needs none: the next owner's transactions fence this producer."""
+
+
 # Retries a Kafka operation that failed with a transient error: (what, call, *args) -> result.
 Retrying = Callable[..., Awaitable[Any]]
 
@@ -122,8 +133,13 @@ class Checkpoint(Protocol):
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
         after: Flight | None,
+        guard: Guard = _no_guard,
     ) -> Flight:
-        """Start making `batch` durable, in order after the flight `after` (None: the first)."""
+        """Start making `batch` durable, in order after the flight `after` (None: the first).
+
+        `guard` is asked before each publish (at-least-once): it raises StaleBatch when this
+        process stalled and may have lost its tasks, so a zombie writes nothing more.
+        """
         ...
 
     async def commit(self, force: bool = False) -> None: ...
@@ -235,8 +251,9 @@ class AtLeastOnce:
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
         after: Flight | None,
+        guard: Guard = _no_guard,
     ) -> Flight:
-        return _begin(lambda flight: self._fly(flight, batch, stores, after))
+        return _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
 
     async def _fly(
         self,
@@ -244,10 +261,13 @@ class AtLeastOnce:
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
         after: Flight | None,
+        guard: Guard,
     ) -> list[Written]:
+        """Publish, then persist; `guard` is asked before each publish."""
         try:
             if after is not None:
                 await after.published
+            guard()
             outputs = {
                 (topic, write.partition): records
                 for write in batch
@@ -264,6 +284,7 @@ class AtLeastOnce:
             raise
         if after is not None:
             await after.done
+        guard()  # a zombie never puts an old state into the changelog after the next owner's
         changelog = {
             (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
             for w in batch
@@ -356,7 +377,9 @@ class ExactlyOnce:
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
         after: Flight | None,
+        guard: Guard = _no_guard,
     ) -> Flight:
+        """`guard` is not needed: the next owner's transactions fence this producer."""
         return _begin(lambda flight: self._fly(flight, batch, stores, after))
 
     async def _fly(

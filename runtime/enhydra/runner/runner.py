@@ -46,7 +46,7 @@ from enhydra.assignment import AssignmentConfig
 from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport, TaskAssignor
 from enhydra.kafka.clients import Consumer, close, new_consumer, start
 from enhydra.kafka.errors import transient
-from enhydra.kafka.groups import request_rejoin
+from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.runner.changelog_reader import ChangelogReader
@@ -58,6 +58,7 @@ from enhydra.runner.checkpoint import (
     Out,
     PartitionWrite,
     Put,
+    StaleBatch,
 )
 from enhydra.runner.cuts import Cuts
 from enhydra.runner.histogram import Histogram
@@ -69,6 +70,12 @@ from enhydra.stores.partition import PartitionStore
 from enhydra.stores.partition import configure_memory as configure_store_memory
 
 log = get_logger("enhydra.engine")
+STALL_TICK_S = 0.1
+
+
+class FencedInstance(RuntimeError):
+    """Another process joined the group with this instance's id: two instances share one."""
+
 
 # Records the step takes between two yields to the event loop (~3 ms of decide/apply).
 YIELD_EVERY = 256
@@ -174,6 +181,13 @@ class TaskRunner:
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._consumer: Consumer | None = None
+        # On stop, leave the group at once (a scale-down) rather than be expected back.
+        self.leave_on_stop = settings.leave_group_on_shutdown
+        # A stall this long (a SIGSTOP, a frozen VM) may have got this instance removed from
+        # the group by its peers (failover/): the batch in hand is dropped, not written.
+        self._stall_limit_s = settings.failure_probe_window_ms / 2000
+        self._stalled = False
+        self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
         # Kafka clients need the running loop: they are created in start().
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
@@ -215,6 +229,9 @@ class TaskRunner:
                     self.input_topic, self.assignment_config, self._report, self._on_assignment
                 ),
             )
+        if s.static_membership:
+            # KIP-345: a restart under the same id gets its tasks back without a rebalance.
+            options["group_instance_id"] = s.instance_id
         self._consumer = new_consumer(
             s.connection,
             group_id=self.group_id,
@@ -232,6 +249,7 @@ class TaskRunner:
         await start(self._consumer, s.connection, doing=f"join the group {self.group_id}")
         self._background = [
             asyncio.create_task(self._run(), name=f"enhydra-{self.name}"),
+            asyncio.create_task(self._watch_stalls(), name=f"enhydra-{self.name}-stalls"),
             *(asyncio.create_task(loop) for loop in self.background()),
         ]
         self.log.info(
@@ -294,6 +312,8 @@ class TaskRunner:
                     with contextlib.suppress(Exception):  # a failed flight is already reported
                         await self._land()
                     await self._checkpoint.commit(force=True)
+            if self.leave_on_stop and self.settings.static_membership:
+                await self._leave()
             await close(self._consumer)
         if self._checkpoint is not None:
             await self._checkpoint.stop()
@@ -302,6 +322,20 @@ class TaskRunner:
         self.tasks.clear()
         if self._consumer is not None:
             self.log.info(f"{self.label} stopped", **self.stats)
+
+    async def _leave(self) -> None:
+        """Leave the group now, so the others take the tasks over without waiting."""
+        assert self._consumer is not None
+        try:
+            await leave_group(self._consumer, self.group_id, self.settings.instance_id)
+            self.log.info("left the group", group=self.group_id)
+        except Exception as exc:  # the session timeout removes this member anyway
+            self.log.warning("could not leave the group", group=self.group_id, error=repr(exc))
+
+    @property
+    def member_id(self) -> str | None:
+        """The member id the group gave this runner's consumer (None before it joined)."""
+        return member_id(self._consumer)
 
     def _scan_local_stores(self) -> None:
         """Checkpoints of store copies left on disk by earlier runs: reported as lags."""
@@ -522,6 +556,13 @@ class TaskRunner:
                 if batch:
                     async with self._lock:
                         await self._process(batch)
+                if self._stalled:
+                    async with self._lock:
+                        await self._land()  # flights in the air stop at the guard, are dropped
+                    # Let the group's next heartbeat say whether the tasks are still ours.
+                    await asyncio.sleep(2 * self.settings.heartbeat_interval_ms / 1000)
+                    self._stalled = False
+                    self._rewinds.clear()
                 if self.cuts.pending:
                     async with self._lock:
                         await self._land()  # a cut needs the state durable up to it
@@ -535,14 +576,24 @@ class TaskRunner:
             await self._abandon()
             raise
         except Exception as exc:
+            if self.settings.static_membership and fenced(exc):
+                exc = FencedInstance(
+                    f"another process joined the group {self.group_id} as instance "
+                    f"{self.settings.instance_id!r}: every instance needs its own "
+                    "ENHYDRA_INSTANCE_ID"
+                )
             self._fail(exc)
             await self._abandon()
-            raise
+            raise exc from None
 
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
         consumer = self._consumer
         checkpoint = self._checkpoint
         assert consumer is not None and checkpoint is not None
+        if self._stalled:
+            await self._land()  # rewinds to the first batch not yet durable, if any
+            self._drop_stale({tp: records[0].offset for tp, records in batch.items() if records})
+            return
         step = self.step
         slices = YIELD_EVERY if self._slices else 0
         work: list[tuple[Task, StepOutput, int]] = []
@@ -587,7 +638,7 @@ class TaskRunner:
             return
         writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
         stores = {task.partition: task.store for task, _, _ in work}
-        flight = checkpoint.begin(writes, stores, self._last_flight)
+        flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
         self._last_flight = flight
         self._flights.append(_Landing(flight, work, stamps, busy))
         if self._overlaps:
@@ -601,7 +652,9 @@ class TaskRunner:
     async def _land(self, keep: int = 0) -> None:
         """Account for the flights that are done, waiting until at most `keep` still fly.
 
-        A flight's failure is the runner's failure: raised here, and reported.
+        A flight's failure is the runner's failure: raised here, and reported. A flight stopped
+        by the stall guard is not: its batch is read again (and every later flight stops too,
+        as each waits for the one before it).
         """
         flights = self._flights
         while flights:
@@ -611,6 +664,9 @@ class TaskRunner:
             flights.popleft()
             try:
                 await head.flight.done
+            except StaleBatch:
+                self._drop_landing(head)
+                continue
             except Exception as exc:
                 self._fail(exc)
                 raise
@@ -646,6 +702,43 @@ class TaskRunner:
         self.batch_time.observe(flight.published_at - flight.sent_at, phase="publish")
         self.batch_time.observe(flight.done_at - flight.published_at, phase="durable")
         self.latency.observe_since(flight.published_at * 1000, landing.stamps, per_second=1000)
+
+    async def _watch_stalls(self) -> None:
+        """Notice when this process did not run for a while (it cannot notice while frozen)."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - last > self._stall_limit_s:
+                self._stalled = True
+                self.log.warning("this process stalled", seconds=round(now - last, 2))
+            last = now
+
+    def _guard(self) -> None:
+        if self._stalled:
+            raise StaleBatch("the process stalled while the batch was in hand")
+
+    def _drop_stale(self, firsts: Mapping[TopicPartition, int]) -> None:
+        """Read these partitions again from these offsets later, and give the group a heartbeat
+        to say who owns what. A later drop never moves a partition past an earlier one."""
+        assert self._consumer is not None
+        assignment = self._consumer.assignment()
+        for tp, offset in firsts.items():
+            offset = self._rewinds[tp] = min(offset, self._rewinds.get(tp, offset))
+            if tp in assignment:
+                self._consumer.seek(tp, offset)
+        self.log.warning("batch dropped after a stall; reading it again", partitions=len(firsts))
+
+    def _drop_landing(self, landing: _Landing) -> None:
+        """A flight the stall guard stopped: its batch is read again, from the store's state.
+
+        Its entries (and any later batch's) were staged in the task caches: dropped with them.
+        """
+        firsts: dict[TopicPartition, int] = {}
+        for task, _, first in landing.work:
+            task.clear_cache()
+            firsts[TopicPartition(self.input_topic, task.partition)] = first
+        self._drop_stale(firsts)
 
     def _retry_later(self, tp: TopicPartition, offset: int, error: BaseException) -> None:
         """A transient error: rewind to the record and pause the partition for a backoff."""

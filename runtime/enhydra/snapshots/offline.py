@@ -16,6 +16,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,12 @@ import pyarrow as pa
 from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
-from enhydra.contracts.codec import decode_entry, encode_entry
 from enhydra.contracts.names import control_topic_name
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
 from enhydra.kafka.groups import commit_offsets, group_members
 from enhydra.kafka.reading import TopicMissing, end_offsets, partitions_of, read_to_end
 from enhydra.kafka.topics import TopicError, TopicSpec, ensure_topics, recreate_topics
+from enhydra.runner.checkpoint import send_in_batches
 from enhydra.settings import Connection
 from enhydra.snapshots.format import (
     Cut,
@@ -37,6 +38,8 @@ from enhydra.snapshots.format import (
     Snapshot,
     SnapshotError,
     SnapshotWriter,
+    read_ahead,
+    reset_input_offsets,
     topology_fingerprint,
 )
 from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
@@ -128,25 +131,27 @@ async def _load_changelog(
     }
     rows = 0
     async with open_producer(conn, **producer_settings) as producer:
-        futures = []
+        # Whole record batches per call (send_in_batches), a batch of the file at a time; the
+        # acknowledgements of one are awaited while the next is sent, so memory stays bounded.
+        waiting: list[asyncio.Future] = []
         for partition in sorted(snapshot.partitions):
-            for key, value in snapshot.iter_partition(partition):
+            batches = snapshot.iter_batches(partition, ["key", "value"])
+            for batch in read_ahead(batches):
+                values = batch.column(1)
                 if reset_offsets:
                     # The clone reads another commands topic: the source's input offsets
                     # mean nothing there and would make it skip its first commands.
-                    entry = decode_entry(value)
-                    entry.offset = -1
-                    value = encode_entry(entry)
-                futures.append(await producer.send(changelog, value, key=key, partition=partition))
-                rows += 1
-                if len(futures) >= 5000:
-                    await asyncio.gather(*futures)
-                    futures = []
+                    values = reset_input_offsets(values)
+                records = list(zip(batch.column(0).to_pylist(), values.to_pylist(), repeat(None)))
+                sent = await send_in_batches(producer, {(changelog, partition): records})
+                rows += len(records)
+                for _, count in await asyncio.gather(*waiting):
                     if progress is not None:
-                        progress(5000)
-        await asyncio.gather(*futures)
-        if progress is not None and futures:
-            progress(len(futures))
+                        progress(count)
+                waiting = [future for _, future in sent]
+        for _, count in await asyncio.gather(*waiting):
+            if progress is not None:
+                progress(count)
     return rows
 
 

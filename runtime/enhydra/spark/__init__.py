@@ -2,10 +2,11 @@
 
     spark = local_session()                                   # or spark-submit's session
     events = read_events(spark, "ledger-events", "kafka:9092", until_time=...)
-    state = fold_events(events, "ledger.service:service")    # one Entry per key
+    state = fold_events(events, "ledger.service:service", shuffle=False)   # one Entry per key
     run_backfill(spark, "ledger.service:service", snapshot="snap/")   # all of it, plus a cut
 
-Names are imported lazily: `enhydra.spark.fold`'s pure core needs only pyarrow, the rest pyspark.
+Names are imported lazily: `enhydra.spark.fold`'s pure core needs only pyarrow, the rest pyspark;
+executors import only what ship.py sends them (docs/backfill.md).
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ _EXPORTS = {
     "EventFold": "enhydra.spark.fold",
     "FoldError": "enhydra.spark.fold",
     "run_backfill": "enhydra.spark.job",
+    "plan_backfill": "enhydra.spark.job",
+    "execute_backfill": "enhydra.spark.job",
     "BackfillError": "enhydra.spark.job",
     "BackfillResult": "enhydra.spark.job",
     "local_session": "enhydra.spark.session",
+    "cluster_session": "enhydra.spark.session",
+    "ship": "enhydra.spark.ship",
     "kafka_jars": "enhydra.spark.jars",
 }
 

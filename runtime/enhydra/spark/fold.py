@@ -26,6 +26,7 @@ events a command had.
 from __future__ import annotations
 
 import importlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -34,12 +35,21 @@ import pyarrow as pa
 
 from enhydra.aggregate import Aggregate, loads
 from enhydra.contracts.codec import Entry, encode_entry
+from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 
-COMMAND_ID_HEADER = "enhydra.command_id"
-COMMAND_OFFSET_HEADER = "enhydra.command_offset"
-EVENT_INDEX_HEADER = "enhydra.event_index"
-
-INPUT_COLUMNS = ["key", "partition", "offset", "value", "command_id", "command_offset", "index"]
+# fold_order: the rows' sort position when they are not sorted by key itself (Spark sorts by a
+# hash of the key first: keys often share long prefixes, which defeat its prefix sort). None
+# means sorted by key.
+INPUT_COLUMNS = [
+    "key",
+    "partition",
+    "offset",
+    "value",
+    "command_id",
+    "command_offset",
+    "index",
+    "fold_order",
+]
 OUTPUT_SCHEMA = pa.schema(
     [
         ("key", pa.binary()),
@@ -83,17 +93,15 @@ def load_aggregate(target: str | Aggregate | Any) -> Aggregate:
     return aggregate
 
 
-def _int_header(raw: bytes | None, name: str, where: str) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise FoldError(f"{where}: header {name} = {raw!r} is not a number") from None
-
-
 class EventFold:
-    """The streaming fold of one task: feed sorted rows, get one entry per finished key."""
+    """The streaming fold of one task: feed sorted rows, get one entry per finished key.
+
+    `feed` is the hot loop of every backfill (one iteration per event, the user's `apply`
+    inside): the current key's bookkeeping lives in local variables while a batch is folded
+    and goes back to the object between batches, error texts are only built on error, and
+    command ids stay bytes until the key's entry is written (only the last `dedup_window` of
+    them are ever decoded).
+    """
 
     def __init__(
         self,
@@ -111,16 +119,18 @@ class EventFold:
         self.dedup_window = dedup_window
         self.decode = decode
         self.key: bytes | None = None
+        self.order: int | None = None
         self.events_seen = 0
+        self._start(None, 0)
 
-    def _start(self, key: bytes, partition: int) -> None:
+    def _start(self, key: bytes | None, partition: int) -> None:
         self.key = key
         self.partition = partition
         self.state = self.initial_state
         self.offset = -1  # command offset of the last command applied
         self.index = -1  # event index within it, when events carry one
         self.previous: int | None = None  # command offset of the previous row of this key
-        self.ids: list[str] = []
+        self.ids: deque[bytes] = deque(maxlen=self.dedup_window)
         self.applied = 0
 
     def _row(self) -> tuple[Any, ...]:
@@ -130,70 +140,107 @@ class EventFold:
             key_text: str | None = key.decode("utf-8")
         except UnicodeDecodeError:
             key_text = None
-        value = encode_entry(Entry(self.state, self.offset, self.ids))
+        try:
+            ids = [i.decode("utf-8") for i in self.ids]
+        except UnicodeDecodeError as exc:
+            raise FoldError(f"key {key!r}: a {COMMAND_ID_HEADER} is not UTF-8: {exc}") from None
+        value = encode_entry(Entry(self.state, self.offset, ids))
         state = orjson.dumps(self.state).decode("utf-8")
         return (key, self.partition, value, key_text, state, self.offset, self.applied)
 
     def feed(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """Fold rows (key, partition, offset, value, command_id, command_offset, index)."""
+        """Fold rows (key, partition, offset, value, command_id, command_offset, index,
+        fold_order), grouped by key in (fold_order, key) order, each key's in offset order."""
         out: list[tuple[Any, ...]] = []
         apply = self.apply
         decode = self.decode
         window = self.dedup_window
-        for key, partition, offset, value, command_id, command_offset, index in rows:
-            self.events_seen += 1
-            if key != self.key:
-                if key is None:
-                    raise FoldError(f"event at partition {partition} offset {offset} has no key")
-                if self.key is not None:
-                    if key < self.key:
-                        raise FoldError("events must be sorted by key, partition and offset")
-                    out.append(self._row())
-                self._start(key, partition)
-            elif partition != self.partition:
-                raise FoldError(
-                    f"key {key!r} has events in partitions {self.partition} and {partition}: "
-                    "the events topic was repartitioned or written with another partitioner, "
-                    "so there is no single order to fold them in"
-                )
-            where = f"key {key!r} at partition {partition} offset {offset}"
-            cmd_offset = _int_header(command_offset, COMMAND_OFFSET_HEADER, where)
-            new_command = False
-            if cmd_offset is not None:
-                event_index = _int_header(index, EVENT_INDEX_HEADER, where)
-                if event_index is not None:
-                    duplicate = (cmd_offset, event_index) <= (self.offset, self.index)
-                else:
-                    duplicate = cmd_offset < self.offset or (
-                        cmd_offset == self.offset and self.previous != cmd_offset
+        keep = self.kept.append if self.keep_events else None
+        # the current key's bookkeeping, as locals (written back below and on a key change)
+        current, part, current_order = self.key, self.partition, self.order
+        state, last, last_index, previous = self.state, self.offset, self.index, self.previous
+        ids, applied = self.ids, self.applied
+        seen = 0
+        try:
+            for key, partition, offset, value, command_id, command_offset, index, order in rows:
+                seen += 1
+                if key != current:
+                    if key is None:
+                        raise FoldError(f"event at partition {partition} offset {offset}: no key")
+                    if current is not None:
+                        if (
+                            (key < current)
+                            if order is None
+                            else (order, key) < (current_order, current)
+                        ):
+                            raise FoldError("events must be grouped by key, in offset order")
+                        self.state, self.offset, self.index = state, last, last_index
+                        self.applied = applied
+                        out.append(self._row())
+                    self._start(key, partition)
+                    current, part, current_order = key, partition, order
+                    self.order = order
+                    state, last, last_index, previous = self.initial_state, -1, -1, None
+                    ids, applied = self.ids, 0
+                elif key is None:
+                    raise FoldError(f"event at partition {partition} offset {offset}: no key")
+                elif partition != part:
+                    raise FoldError(
+                        f"key {key!r} has events in partitions {part} and {partition}: the "
+                        "events topic was repartitioned or written with another partitioner, "
+                        "so there is no single order to fold them in"
                     )
-                self.previous = cmd_offset
-                if duplicate:
-                    continue
-                new_command = cmd_offset != self.offset
-            if value is None:
-                raise FoldError(f"{where}: the event has no value")
-            try:
-                event = decode(value)
-            except Exception as exc:
-                raise FoldError(f"{where}: the event is not valid JSON: {exc}") from None
-            try:
-                self.state = apply(self.state, event)
-            except Exception as exc:
-                raise FoldError(f"{where}: apply failed on {event!r}: {exc!r}") from exc
-            self.applied += 1
-            if self.keep_events:
-                self.kept.append((key, partition, value, command_id, command_offset, index))
-            if cmd_offset is None:
-                continue  # an event from elsewhere: it changes state, not the bookkeeping
-            self.offset = cmd_offset
-            self.index = event_index if event_index is not None else -1
-            if new_command and window:
-                if command_id is None:
-                    raise FoldError(f"{where}: header {COMMAND_ID_HEADER} is missing")
-                self.ids.append(command_id.decode("utf-8"))
-                if len(self.ids) > window:
-                    del self.ids[0]
+                event_index = None
+                if command_offset is not None:
+                    try:
+                        cmd_offset = int(command_offset)
+                        if index is not None:
+                            event_index = int(index)
+                    except ValueError:
+                        raise _not_a_number(key, partition, offset, command_offset, index) from None
+                    if event_index is not None:
+                        duplicate = (cmd_offset, event_index) <= (last, last_index)
+                    else:
+                        duplicate = cmd_offset < last or (
+                            cmd_offset == last and previous != cmd_offset
+                        )
+                    previous = cmd_offset
+                    if duplicate:
+                        continue
+                    new_command = cmd_offset != last
+                else:
+                    cmd_offset = None
+                if value is None:
+                    raise _error(key, partition, offset, "the event has no value")
+                try:
+                    event = decode(value)
+                except Exception as exc:
+                    raise _error(
+                        key, partition, offset, f"the event is not valid JSON: {exc}"
+                    ) from None
+                try:
+                    state = apply(state, event)
+                except Exception as exc:
+                    raise _error(
+                        key, partition, offset, f"apply failed on {event!r}: {exc!r}"
+                    ) from exc
+                applied += 1
+                if keep is not None:
+                    keep((key, partition, value, command_id, command_offset, index))
+                if cmd_offset is None:
+                    continue  # an event from elsewhere: it changes state, not the bookkeeping
+                last = cmd_offset
+                last_index = event_index if event_index is not None else -1
+                if new_command and window:
+                    if command_id is None:
+                        raise _error(
+                            key, partition, offset, f"header {COMMAND_ID_HEADER} is missing"
+                        )
+                    ids.append(command_id)
+        finally:
+            self.events_seen += seen
+            self.state, self.offset, self.index, self.previous = state, last, last_index, previous
+            self.applied = applied
         return out
 
     def finish(self) -> list[tuple[Any, ...]]:
@@ -203,6 +250,22 @@ class EventFold:
         row = self._row()
         self.key = None
         return [row]
+
+
+def _error(key: bytes, partition: int, offset: int, what: str) -> FoldError:
+    """Errors name the row; the text is built only when one is raised (not once per event)."""
+    return FoldError(f"key {key!r} at partition {partition} offset {offset}: {what}")
+
+
+def _not_a_number(
+    key: bytes, partition: int, offset: int, command_offset: bytes, index: bytes | None
+) -> FoldError:
+    name, raw = EVENT_INDEX_HEADER, index
+    try:
+        int(command_offset)
+    except ValueError:
+        name, raw = COMMAND_OFFSET_HEADER, command_offset
+    return _error(key, partition, offset, f"header {name} = {raw!r} is not a number")
 
 
 def _output_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
@@ -305,45 +368,66 @@ def _events_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
 
 
 class Folder:
-    """The mapInArrow function: picklable, imports the aggregate once per Python worker."""
+    """The mapInArrow function. It carries the Aggregate itself: its functions pickle by
+    reference to the service's domain module, the one module of the service an executor
+    imports (never the module that builds the Service, which would pull in the runtime).
+    `counter` (a Spark accumulator) receives the number of events each task folded."""
 
-    def __init__(self, target: str | Aggregate, dedup_window: int) -> None:
-        self.target = target
+    def __init__(self, aggregate: Aggregate, dedup_window: int, counter: Any = None) -> None:
+        self.aggregate = aggregate
         self.dedup_window = dedup_window
+        self.counter = counter
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        aggregate = _cached_aggregate(self.target)
-        yield from fold_batches(batches, aggregate, dedup_window=self.dedup_window)
+        task = _task_id()
+        seen = [0]
+
+        def counted() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                seen[0] += batch.num_rows
+                yield batch
+
+        for batch in fold_batches(counted(), self.aggregate, dedup_window=self.dedup_window):
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, pa.array([task] * batch.num_rows, pa.int32())],
+                schema=SPARK_OUTPUT_SCHEMA,
+            )
+        if self.counter is not None:
+            self.counter.add(seen[0])
 
 
 class EventKeeper(Folder):
     """The mapInArrow function that yields the applied events instead of the entries."""
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        aggregate = _cached_aggregate(self.target)
-        yield from applied_events(batches, aggregate, dedup_window=self.dedup_window)
+        yield from applied_events(batches, self.aggregate, dedup_window=self.dedup_window)
 
 
-_AGGREGATES: dict[Any, Aggregate] = {}
+def _task_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else -1
 
 
-def _cached_aggregate(target: str | Aggregate) -> Aggregate:
-    if isinstance(target, Aggregate):
-        return target
-    if target not in _AGGREGATES:
-        _AGGREGATES[target] = load_aggregate(target)
-    return _AGGREGATES[target]
+# Spark's fold output: OUTPUT_SCHEMA plus the task that folded the row. With the fold in
+# place, one Kafka partition must be folded by exactly one task (else a key could get two
+# rows); the job checks that from this column when it computes the cut.
+SPARK_OUTPUT_SCHEMA = OUTPUT_SCHEMA.append(pa.field("task", pa.int32()))
+SPARK_OUTPUT_DDL = OUTPUT_DDL + ", task int"
 
 
 # --------------------------------------------------------------------------- spark
 
 
 def _header(name: str) -> str:
-    return f"get(filter(headers, h -> h.key = '{name}'), 0).value"
+    # first value of the header `name`: array_position is compiled by Spark, while a lambda
+    # (filter(headers, h -> ...)) is interpreted per row and cost 4x the read of the events
+    return f"get(headers.value, array_position(headers.key, '{name}') - 1)"
 
 
 def prepare_events(events: Any) -> Any:
-    """Project the events to what the fold needs; headers become columns before the shuffle."""
+    """Project the events to what the fold needs; headers become columns in the JVM."""
     from pyspark.sql import functions as F
 
     return events.select(
@@ -354,20 +438,40 @@ def prepare_events(events: Any) -> Any:
         F.expr(_header(COMMAND_ID_HEADER)).alias("command_id"),
         F.expr(_header(COMMAND_OFFSET_HEADER)).alias("command_offset"),
         F.expr(_header(EVENT_INDEX_HEADER)).alias("index"),
+        F.xxhash64("key").alias("fold_order"),
     )
 
 
-def _sorted_by_key(events: Any, tasks: int | None) -> Any:
+def _sorted_by_key(events: Any, shuffle: bool, tasks: int | None) -> Any:
+    """Each task's rows grouped by key, each key's in offset order, every key in one task.
+
+    Without a shuffle the caller promises that already holds: the events of one Kafka
+    partition (hence of every key in it, the topic being keyed) are in one Spark partition,
+    as `read_events(..., split_records=None)` reads them. Sorting inside each partition then
+    replaces the exchange of every event between tasks. The sort is by a hash of the key
+    first: Spark sorts on an 8-byte prefix, and keys (`account-000123`) often share theirs.
+    """
     prepared = prepare_events(events)
-    shuffled = prepared.repartition(tasks, "key") if tasks else prepared.repartition("key")
-    return shuffled.sortWithinPartitions("key", "partition", "offset")
+    if shuffle:
+        prepared = prepared.repartition(tasks, "key") if tasks else prepared.repartition("key")
+    return prepared.sortWithinPartitions("fold_order", "key", "offset")
+
+
+def _aggregate(target: str | Aggregate) -> Aggregate:
+    return target if isinstance(target, Aggregate) else load_aggregate(target)
 
 
 def corrected_events(
-    events: Any, target: str | Aggregate, *, dedup_window: int = 100, tasks: int | None = None
+    events: Any,
+    target: str | Aggregate,
+    *,
+    dedup_window: int = 100,
+    tasks: int | None = None,
+    shuffle: bool = True,
 ) -> Any:
     """The events the fold applies (key, value, partition, headers), duplicates removed."""
-    return _sorted_by_key(events, tasks).mapInArrow(EventKeeper(target, dedup_window), EVENTS_DDL)
+    keeper = EventKeeper(_aggregate(target), dedup_window)
+    return _sorted_by_key(events, shuffle, tasks).mapInArrow(keeper, EVENTS_DDL)
 
 
 def fold_events(
@@ -376,10 +480,15 @@ def fold_events(
     *,
     dedup_window: int = 100,
     tasks: int | None = None,
+    shuffle: bool = True,
+    counter: Any = None,
 ) -> Any:
     """A DataFrame with one row per key: the Entry envelope the runtime would hold, decoded too.
 
-    `events` has the read_events schema. No event reaches the driver: the shuffle groups keys,
-    each task folds its sorted keys with bounded memory.
+    `events` has the read_events schema; the target is resolved here, on the driver. No event
+    reaches the driver: each task folds its sorted keys with bounded memory. `shuffle=False`
+    folds every Spark partition in place; pass it only when each Kafka partition's events are
+    in one Spark partition (see `_sorted_by_key`).
     """
-    return _sorted_by_key(events, tasks).mapInArrow(Folder(target, dedup_window), OUTPUT_DDL)
+    folder = Folder(_aggregate(target), dedup_window, counter)
+    return _sorted_by_key(events, shuffle, tasks).mapInArrow(folder, SPARK_OUTPUT_DDL)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from enhydra.broker.local import (
+from enhydra.devtools.broker import (
     BrokerError,
     _file_lock,
     _last_lines,

@@ -2,54 +2,47 @@
 
     read_events (bounded) -> fold_events -> state as Parquet and/or a snapshot (+ its cut)
 
-Written for a real cluster: events never reach the driver; the driver resolves offsets, collects
-one small row per store partition (file metadata) and per events partition (the cut), and
-writes the manifest. Every generated service calls `main` from `jobs/backfill.py`, so the same
-file runs with `enhydra backfill`, `python jobs/backfill.py` and `spark-submit`.
+Written for a real cluster: events never reach the driver; the driver resolves offsets, ships
+the job's code (ship.py), collects one small row per store partition (file metadata) and per
+events partition (the cut), and writes the manifest. The events topic is keyed by the
+aggregate key, so each Kafka partition holds every event of its keys: read one Spark partition
+per Kafka partition and the fold runs in place, with no shuffle (`plan_layout`).
+
+The command line is `enhydra backfill` (enhydra/cli/backfill.py); every generated service's
+`jobs/backfill.py` runs the same command with its target fixed, under python or spark-submit.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
-import logging
 import os
-import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from enhydra.aggregate import Aggregate
-from enhydra.logs import configure_logging, get_logger
+from enhydra.logs import get_logger
 from enhydra.snapshots.format import (
     Cut,
     Manifest,
     PartitionFile,
-    SnapshotError,
     SnapshotWriter,
     topology_fingerprint,
-    write_partition_file,
 )
-from enhydra.spark.fold import fold_events, load_aggregate
-from enhydra.spark.source import (
-    METHODS,
-    OffsetRange,
-    SourceError,
-    read_events,
-    resolve_ranges,
-)
+from enhydra.spark.fold import FoldError, fold_events, load_aggregate
+from enhydra.spark.partition_files import FILE_DDL, SnapshotPartitions
+from enhydra.spark.session import is_local
+from enhydra.spark.ship import ship
+from enhydra.spark.source import METHODS, OffsetRange, read_events, resolve_ranges
 
 log = get_logger("enhydra.backfill")
 
 SNAPSHOT_SOURCE = "spark-backfill"
-_FILE_DDL = "partition int, file string, rows long, sha256 string, bytes long"
 
 
 class BackfillError(RuntimeError):
@@ -68,6 +61,7 @@ class BackfillResult:
     output: str | None = None
     snapshot: Manifest | None = None
     emitted: int | None = None
+    layout: Layout | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -84,27 +78,103 @@ class Target:
 
 def resolve_target(spec: str) -> Target:
     """Import `module:attr` (a Service or an Aggregate) and read the service's defaults."""
-    from enhydra.service import Service
-    from enhydra.spark.fold import FoldError
-
     try:
         aggregate = load_aggregate(spec)
     except FoldError as exc:
         raise BackfillError(str(exc)) from exc
+    from enhydra.service import Service
+    from enhydra.settings import SettingsError
+
     module_name, _, attr = spec.partition(":")
     obj = getattr(importlib.import_module(module_name), attr)
     if isinstance(obj, Service):
-        s = obj.settings
+        try:
+            s = obj.settings
+        except SettingsError as exc:
+            raise BackfillError(f"{spec}: {exc}") from exc
         return Target(spec, aggregate, s.app_id, s.dedup_window, s.bootstrap_servers)
     return Target(spec, aggregate, None, 100, None)
 
 
-class _Progress:
-    """Logs the running Spark stages every few seconds (tasks done / total)."""
+# --------------------------------------------------------------------------- layout
 
-    def __init__(self, spark: Any, every_s: float = 5.0) -> None:
-        self.tracker = spark.sparkContext.statusTracker()
+
+@dataclass(frozen=True)
+class Layout:
+    """How events reach the fold: in place (one task per Kafka partition) or shuffled by key."""
+
+    in_place: bool
+    split_records: int | None  # read pieces of about this many records (None: whole partitions)
+    tasks: int | None  # fold tasks after a shuffle (None: spark.sql.shuffle.partitions)
+    reason: str
+
+
+def plan_layout(
+    ranges: list[OffsetRange], cores: int, *, shuffle: bool | None = None, tasks: int | None = None
+) -> Layout:
+    """Fold in place unless asked not to, or unless there are fewer partitions than cores.
+
+    In place, Spark reads each Kafka partition into one task and sorts it there: no event
+    crosses the network or touches shuffle files. With fewer non-empty partitions than cores
+    that leaves cores idle, so the read is split and the events are shuffled by key instead.
+    """
+    total = sum(r.count for r in ranges)
+    filled = sum(1 for r in ranges if r.count > 0)
+    if tasks is not None or shuffle is True:
+        why = f"--tasks {tasks}" if tasks is not None else "--shuffle"
+    elif shuffle is False:
+        return Layout(True, None, None, "--no-shuffle")
+    elif filled >= cores or total == 0:
+        return Layout(True, None, None, f"{filled} partitions with events >= {cores} cores")
+    else:
+        why = f"{filled} partitions with events < {cores} cores"
+    pieces = max(2 * cores, filled, 1)
+    return Layout(False, max(10_000, -(-total // pieces)), tasks, why)
+
+
+def local_cores(master: str) -> int | None:
+    """Task slots of a local master (`local`, `local[4]`, `local[*]`, `local[4,2]`), else None."""
+    master = master.strip()
+    if not is_local(master):
+        return None
+    if "[" not in master:
+        return 1
+    first = master[master.find("[") + 1 : master.find("]")].split(",")[0].strip()
+    if first == "*":
+        return os.cpu_count() or 1
+    return max(1, int(first))
+
+
+def spark_cores(spark: Any) -> int:
+    """Task slots the job can count on: local[N], else the cluster's configured cores."""
+    sc = spark.sparkContext
+    local = local_cores(sc.master)
+    if local is not None:
+        return local
+    conf = sc.getConf()
+    if conf.get("spark.cores.max"):
+        return int(conf.get("spark.cores.max"))
+    if conf.get("spark.executor.instances") and conf.get("spark.executor.cores"):
+        return int(conf.get("spark.executor.instances")) * int(conf.get("spark.executor.cores"))
+    return max(1, sc.defaultParallelism)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Every few seconds, one line on stderr: the step, its tasks done, the events folded.
+
+    Tasks come from Spark's status tracker; events folded from an accumulator each fold task
+    adds to when it ends (the Kafka source reports no live record counts).
+    """
+
+    def __init__(self, spark: Any, total: int, folded: Any, every_s: float = 5.0) -> None:
+        self.spark = spark
+        self.total = total
+        self.folded = folded
         self.every_s = every_s
+        self.step = "starting"
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="enhydra-progress", daemon=True)
 
@@ -116,81 +186,56 @@ class _Progress:
         self.done.set()
         self.thread.join(timeout=2)
 
+    def begin(self, step: str) -> None:
+        """Name what runs next, in the progress lines and in Spark's UI."""
+        self.step = step
+        self.spark.sparkContext.setJobDescription(f"enhydra backfill: {step}")
+        log.info("backfill step", step=step)
+
     def _run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
         while not self.done.wait(self.every_s):
             try:
-                stages = [self.tracker.getStageInfo(s) for s in self.tracker.getActiveStageIds()]
+                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+                folded = int(self.folded.value)
             except Exception:  # the context is stopping
                 return
-            for stage in filter(None, stages):
-                log.info(
-                    "backfill progress",
-                    stage=stage.name.split(" at ")[0],
-                    tasks_done=stage.numCompletedTasks,
-                    tasks_running=stage.numActiveTasks,
-                    tasks=stage.numTasks,
-                )
-
-
-class _SnapshotPartitions:
-    """mapInArrow: write the store partitions a task holds, rows sorted by (partition, key)."""
-
-    def __init__(self, directory: str, store: str) -> None:
-        self.directory = directory
-        self.store = store
-
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        written: list[PartitionFile] = []
-        source = _PeekBatches(iter(batches))
-        while (partition := source.next_partition()) is not None:
-            rows = source.rows_of(partition)
-            written.append(write_partition_file(self.directory, self.store, partition, rows))
-        yield pa.RecordBatch.from_pylist(
-            [w.__dict__ for w in written],
-            schema=pa.schema(
-                [
-                    ("partition", pa.int32()),
-                    ("file", pa.string()),
-                    ("rows", pa.int64()),
-                    ("sha256", pa.string()),
-                    ("bytes", pa.int64()),
-                ]
-            ),
-        )
-
-
-class _PeekBatches:
-    """Splits a stream of batches sorted by partition into one stream per partition."""
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self.batches = batches
-        self.head: pa.RecordBatch | None = None
-
-    def _fill(self) -> bool:
-        while self.head is None or self.head.num_rows == 0:
-            self.head = next(self.batches, None)
-            if self.head is None:
-                return False
-        return True
-
-    def next_partition(self) -> int | None:
-        return self.head.column("partition")[0].as_py() if self._fill() else None
-
-    def rows_of(self, partition: int) -> Iterator[pa.RecordBatch]:
-        while self._fill():
-            assert self.head is not None
-            parts = self.head.column("partition").to_pylist()
-            stop = next((i for i, p in enumerate(parts) if p != partition), len(parts))
-            if stop == 0:
-                return
-            yield self.head.slice(0, stop).select(
-                ["key", "value", "key_text", "state", "last_offset"]
+            stages = [s for s in stages if s is not None]
+            if not stages:
+                continue
+            log.info(
+                "backfill progress",
+                step=self.step,
+                tasks=f"{sum(s.numCompletedTasks for s in stages)}/"
+                f"{sum(s.numTasks for s in stages)}",
+                events_folded=f"{folded:,}/{self.total:,}",
             )
-            self.head = self.head.slice(stop)
 
 
-def run_backfill(
-    spark: Any,
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class BackfillPlan:
+    """Everything decided before Spark starts: what to read, where to write, how."""
+
+    info: Target
+    app_id: str
+    bootstrap: str
+    bound: Any  # BoundAggregate
+    window: int
+    ranges: list[OffsetRange]
+    writer: SnapshotWriter | None
+    output: str | None
+    snapshot: str | None
+    emit_events: str | None
+    method: str
+    tasks: int | None
+    shuffle: bool | None
+    started: float = field(default_factory=time.monotonic)
+
+
+def plan_backfill(
     target: str,
     *,
     bootstrap: str | None = None,
@@ -202,24 +247,28 @@ def run_backfill(
     method: str = "auto",
     dedup_window: int | None = None,
     tasks: int | None = None,
+    shuffle: bool | None = None,
     emit_events: str | None = None,
-) -> BackfillResult:
-    """Rebuild TARGET's state from its events topic; write Parquet and/or a snapshot.
-
-    `emit_events` names a topic that receives the corrected history: every event the fold
-    applied, once, in per-key order, with the command headers.
-    """
+) -> BackfillPlan:
+    """Check the request and fix the offsets to read, without Spark: a mistake (target, app,
+    Kafka address, bounds, an existing snapshot) ends here, before a JVM starts."""
     if output is None and snapshot is None and emit_events is None:
         raise BackfillError("nothing to write: give --output, --snapshot and/or --emit-events")
+    if method not in METHODS:
+        raise BackfillError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
     info = resolve_target(target)
     app_id = app_id or info.app_id
     bootstrap = bootstrap or info.bootstrap
     if not app_id:
-        raise BackfillError(f"{target} is an Aggregate: give the app id (--app-id)")
+        raise BackfillError(f"{target} is an Aggregate: give the application id (--app)")
     if not bootstrap:
         raise BackfillError("give the Kafka bootstrap servers (--bootstrap)")
     window = info.dedup_window if dedup_window is None else dedup_window
     bound = info.aggregate.bind(app_id)
+    if emit_events is not None and emit_events == bound.events_topic:
+        raise BackfillError(
+            f"--emit-events {emit_events}: write the corrected events to another topic"
+        )
     started = time.monotonic()
     ranges = resolve_ranges(
         bootstrap, bound.events_topic, until_offsets=until_offsets, until_time=until_time
@@ -239,27 +288,74 @@ def run_backfill(
             ),
             source=SNAPSHOT_SOURCE,
         )
+    return BackfillPlan(
+        info=info,
+        app_id=app_id,
+        bootstrap=bootstrap,
+        bound=bound,
+        window=window,
+        ranges=ranges,
+        writer=writer,
+        output=output,
+        snapshot=str(snapshot) if snapshot is not None else None,
+        emit_events=emit_events,
+        method=method,
+        tasks=tasks,
+        shuffle=shuffle,
+        started=started,
+    )
+
+
+def run_backfill(spark: Any, target: str, **options: Any) -> BackfillResult:
+    """Rebuild TARGET's state from its events topic; write Parquet and/or a snapshot.
+
+    Options are `plan_backfill`'s. `emit_events` names a topic that receives the corrected
+    history: every event the fold applied, once, in per-key order, with the command headers.
+    `shuffle`/`tasks` override the layout `plan_layout` picks.
+    """
+    return execute_backfill(spark, plan_backfill(target, **options))
+
+
+def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
+    """Run a plan on a SparkSession."""
+    ranges, bound, writer, output = plan.ranges, plan.bound, plan.writer, plan.output
     total = sum(r.count for r in ranges)
-    result = BackfillResult(app_id, bound.events_topic, ranges, events=total)
+    layout = plan_layout(ranges, spark_cores(spark), shuffle=plan.shuffle, tasks=plan.tasks)
+    result = BackfillResult(plan.app_id, bound.events_topic, ranges, events=total, layout=layout)
+    local = is_local(spark.sparkContext.master)
+    ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
     log.info(
         "backfill started",
-        app_id=app_id,
+        app_id=plan.app_id,
         events_topic=bound.events_topic,
         events=total,
         ranges={r.partition: [r.start, r.end] for r in ranges},
+        fold="in place" if layout.in_place else "shuffled by key",
+        why=layout.reason,
     )
-    events = read_events(spark, bound.events_topic, bootstrap, method=method, ranges=ranges)
-    folded = fold_events(events, target, dedup_window=window, tasks=tasks)
+    counter = spark.sparkContext.accumulator(0)
+    folded = fold_events(
+        _read(spark, plan, layout),
+        plan.info.aggregate,
+        dedup_window=plan.window,
+        tasks=layout.tasks,
+        shuffle=not layout.in_place,
+        counter=counter,
+    )
     from pyspark import StorageLevel
 
     folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        with _Progress(spark):
+        with _Progress(spark, total, counter) as progress:
+            progress.begin("fold")
             stage = time.monotonic()
             result.keys = folded.count()
             result.timings["fold_s"] = time.monotonic() - stage
             log.info("events folded", keys=result.keys, events=total, **_rate(total, stage))
+            progress.begin("cut")
+            result.cut = _cut(folded, bound.commands_topic, ranges, layout)
             if output is not None:
+                progress.begin("write parquet")
                 stage = time.monotonic()
                 folded.select(
                     "key_text", "partition", "state", "last_offset", "events", "key", "value"
@@ -267,59 +363,55 @@ def run_backfill(
                 result.output = str(output)
                 result.timings["output_s"] = time.monotonic() - stage
                 log.info("state written as parquet", path=str(output), keys=result.keys)
-            result.cut = _cut(folded, bound.commands_topic, ranges)
             if writer is not None:
+                progress.begin("write snapshot")
                 stage = time.monotonic()
                 result.snapshot = _write_snapshot(folded, writer, len(ranges), result.cut)
                 result.timings["snapshot_s"] = time.monotonic() - stage
                 log.info(
                     "snapshot written",
-                    path=str(snapshot),
+                    path=plan.snapshot,
                     rows=result.snapshot.rows,
                     cut=result.cut.offsets,
                 )
-            if emit_events is not None:
+            if plan.emit_events is not None:
+                progress.begin("emit corrected events")
                 stage = time.monotonic()
-                result.emitted = _emit(
-                    spark,
-                    target,
-                    bootstrap,
-                    ranges,
-                    emit_events,
-                    method,
-                    window,
-                    tasks,
-                    bound.events_topic,
-                )
+                result.emitted = _emit(spark, plan, layout)
                 result.timings["emit_s"] = time.monotonic() - stage
-                log.info("corrected events written", topic=emit_events, events=result.emitted)
+                log.info("corrected events", topic=plan.emit_events, events=result.emitted)
     finally:
         folded.unpersist()
-    result.seconds = time.monotonic() - started
+    result.seconds = time.monotonic() - plan.started
     log.info("backfill done", seconds=round(result.seconds, 1), keys=result.keys, events=total)
     return result
 
 
-def _emit(
-    spark: Any,
-    target: str,
-    bootstrap: str,
-    ranges: list[OffsetRange],
-    topic: str,
-    method: str,
-    window: int,
-    tasks: int | None,
-    events_topic: str,
-) -> int:
+def _read(spark: Any, plan: BackfillPlan, layout: Layout) -> Any:
+    return read_events(
+        spark,
+        plan.bound.events_topic,
+        plan.bootstrap,
+        method=plan.method,
+        ranges=plan.ranges,
+        split_records=layout.split_records,
+    )
+
+
+def _emit(spark: Any, plan: BackfillPlan, layout: Layout) -> int:
     from enhydra.spark.fold import corrected_events
     from enhydra.spark.sink import ensure_topic, write_events
 
-    if topic == events_topic:
-        raise BackfillError(f"--emit-events {topic}: write the corrected events to another topic")
-    ensure_topic(bootstrap, topic, len(ranges))
-    events = read_events(spark, events_topic, bootstrap, method=method, ranges=ranges)
-    corrected = corrected_events(events, target, dedup_window=window, tasks=tasks)
-    return write_events(spark, corrected, topic, bootstrap, method=method)
+    assert plan.emit_events is not None
+    ensure_topic(plan.bootstrap, plan.emit_events, len(plan.ranges))
+    corrected = corrected_events(
+        _read(spark, plan, layout),
+        plan.info.aggregate,
+        dedup_window=plan.window,
+        tasks=layout.tasks,
+        shuffle=not layout.in_place,
+    )
+    return write_events(spark, corrected, plan.emit_events, plan.bootstrap, method=plan.method)
 
 
 def _rate(count: int, since: float) -> dict[str, Any]:
@@ -327,11 +419,25 @@ def _rate(count: int, since: float) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "events_per_s": int(count / seconds)}
 
 
-def _cut(folded: Any, commands_topic: str, ranges: list[OffsetRange]) -> Cut:
-    """Per commands partition: after the last command applied (0 where no event was read)."""
+def _cut(folded: Any, commands_topic: str, ranges: list[OffsetRange], layout: Layout) -> Cut:
+    """Per commands partition: after the last command applied (0 where no event was read).
+
+    Folded in place, each events partition must have been folded by one task: two tasks
+    would each hold part of a key's events and give it two rows.
+    """
     from pyspark.sql import functions as F
 
-    rows = folded.groupBy("partition").agg(F.max("last_offset").alias("last")).collect()
+    rows = (
+        folded.groupBy("partition")
+        .agg(F.max("last_offset").alias("last"), F.countDistinct("task").alias("tasks"))
+        .collect()
+    )
+    split = {r["partition"]: r["tasks"] for r in rows if r["tasks"] > 1}
+    if layout.in_place and split:
+        raise BackfillError(
+            f"events partitions {sorted(split)} were each read by several Spark tasks, so the "
+            "fold in place could give a key two rows; nothing was written. Rerun with --shuffle"
+        )
     offsets = {r.partition: 0 for r in ranges}
     for row in rows:
         offsets[row["partition"]] = max(row["last"] + 1, 0)
@@ -345,7 +451,7 @@ def _write_snapshot(folded: Any, writer: SnapshotWriter, partitions: int, cut: C
         folded.select("partition", "key", "value", "key_text", "state", "last_offset")
         .repartition(partitions, "partition")
         .sortWithinPartitions("partition", "key")
-        .mapInArrow(_SnapshotPartitions(directory, writer.store), _FILE_DDL)
+        .mapInArrow(SnapshotPartitions(directory, writer.store), FILE_DDL)
         .collect()
     )
     for row in files:
@@ -353,7 +459,7 @@ def _write_snapshot(folded: Any, writer: SnapshotWriter, partitions: int, cut: C
     return writer.finish(cut, partitions=partitions)
 
 
-# --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- parsing
 
 
 def parse_until_offsets(text: str) -> dict[int, int]:
@@ -382,75 +488,6 @@ def parse_until_time(text: str) -> datetime:
             f"--until-time {text!r}: expected ISO 8601 (2025-01-31T12:00:00Z) or epoch ms"
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def build_parser(target: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="enhydra backfill" if target is None else "backfill.py",
-        description="Rebuild state from the events topic with the service's own apply.",
-    )
-    if target is None:
-        parser.add_argument("target", help="MODULE:ATTR of the Service (or Aggregate)")
-    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: the service's)")
-    parser.add_argument("--app-id", help="application id (default: the service's)")
-    until = parser.add_mutually_exclusive_group()
-    until.add_argument("--until-time", help="stop before the first event at or after this time")
-    until.add_argument("--until-offsets", help="exclusive end offsets, e.g. 0=1200,1=980")
-    parser.add_argument("--output", help="write the state as Parquet here (analytics)")
-    parser.add_argument("--snapshot", help="write a snapshot (manifest + Parquet) here")
-    parser.add_argument("--emit-events", metavar="TOPIC", help="write the corrected events here")
-    parser.add_argument("--method", choices=METHODS, default="auto", help="Kafka reader/writer")
-    parser.add_argument("--master", help="Spark master when not under spark-submit (local[*])")
-    parser.add_argument("--tasks", type=int, help="fold tasks (default: shuffle partitions)")
-    return parser
-
-
-def _session(master: str | None, pythonpath: Sequence[str]) -> Any:
-    if "PYSPARK_GATEWAY_PORT" in os.environ and master is None:  # under spark-submit
-        from pyspark.sql import SparkSession
-
-        return SparkSession.builder.appName("enhydra-backfill").getOrCreate()
-    from enhydra.spark.session import local_session
-
-    return local_session("enhydra-backfill", master=master or "local[*]", pythonpath=pythonpath)
-
-
-def main(
-    target: str | None = None,
-    argv: Sequence[str] | None = None,
-    *,
-    pythonpath: Sequence[str] = (),
-) -> BackfillResult:
-    """Command line of `jobs/backfill.py` (target fixed) and `enhydra backfill` (target given)."""
-    args = build_parser(target).parse_args(argv)
-    spec = target or args.target
-    configure_logging(fmt=os.environ.get("ENHYDRA_LOG_FORMAT") or "auto")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    paths = [*pythonpath, os.getcwd()]
-    for path in reversed(paths):  # the driver imports the target like the workers do
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    try:
-        until_offsets = parse_until_offsets(args.until_offsets) if args.until_offsets else None
-        until_time = parse_until_time(args.until_time) if args.until_time else None
-        spark = _session(args.master, paths)
-        result = run_backfill(
-            spark,
-            spec,
-            bootstrap=args.bootstrap,
-            app_id=args.app_id,
-            until_offsets=until_offsets,
-            until_time=until_time,
-            output=args.output,
-            snapshot=args.snapshot,
-            method=args.method,
-            tasks=args.tasks,
-            emit_events=args.emit_events,
-        )
-    except (BackfillError, SourceError, SnapshotError) as exc:
-        sys.exit(f"backfill: {exc}")
-    print(summary(result))
-    return result
 
 
 def summary(result: BackfillResult) -> str:

@@ -1,7 +1,7 @@
-"""A SparkSession for laptops and tests: small shuffles, no UI, no console bars, UTC.
+"""SparkSessions for the backfill: laptops and tests (small shuffles, no UI, UTC) and clusters.
 
-On a cluster, `spark-submit` builds the session and these settings do not apply; the job only
-reads what it was given.
+Under `spark-submit` the session already exists and none of this applies; `enhydra backfill
+--master spark://...|k8s://...|yarn` starts a cluster session itself (`cluster_session`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ LAPTOP_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
 }
 
+# On a cluster the cluster's defaults apply; only what the job's output relies on is set.
+CLUSTER_CONF: dict[str, str] = {
+    "spark.ui.showConsoleProgress": "false",  # the job prints its own progress
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+}
+
 # A cluster retries a failed task (spark.task.maxFailures, default 4); local mode does not
 # unless the master says so. One transient read error from the broker should not fail a job.
 LOCAL_TASK_ATTEMPTS = 4
@@ -52,29 +59,73 @@ def local_session(
     kafka: bool = True,
     pythonpath: Iterable[str | Path] = (),
     conf: Mapping[str, Any] | None = None,
+    jvm_log: Path | None = None,
 ):
     """Create (or return) the local SparkSession with the laptop settings.
 
     `kafka` puts Spark's own Kafka connector on the classpath when its jars can be had (fetched
     once with Maven); without them `read_events` uses the Python data source. `pythonpath`
     lets Python workers import the service package the job runs (they do not share sys.path).
+    `jvm_log` sends the JVM's own output (log4j, launcher warnings) to a file instead of the
+    terminal.
     """
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     extra = [str(Path(p).resolve()) for p in pythonpath]
     if extra:
         current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*extra, *current]))
-    builder = SparkSession.builder.master(with_task_retries(master)).appName(app_name)
-    for key, value in {**LAPTOP_CONF, **(conf or {})}.items():
-        builder = builder.config(key, str(value))
-    if kafka:
+    settings = {**LAPTOP_CONF, **(conf or {})}
+    return _session(app_name, with_task_retries(master), settings, kafka=kafka, jvm_log=jvm_log)
+
+
+def cluster_session(
+    app_name: str,
+    *,
+    master: str,
+    kafka: bool = True,
+    conf: Mapping[str, Any] | None = None,
+    jvm_log: Path | None = None,
+):
+    """A SparkSession on a cluster master (spark://, k8s://, yarn), started from this process.
+
+    Unlike `local_session` it neither pins the driver to 127.0.0.1 nor points executors at
+    this interpreter: they run the cluster's Python (PYSPARK_PYTHON, or the
+    `spark.pyspark.python` setting, as with spark-submit), which needs pyspark, pyarrow and
+    orjson only; the job ships its own code (ship.py). The Kafka connector's jars, when
+    cached here, travel with the job (`spark.jars`).
+    """
+    settings = {**CLUSTER_CONF, **(conf or {})}
+    if settings.get("spark.pyspark.python"):
+        os.environ["PYSPARK_PYTHON"] = str(settings["spark.pyspark.python"])
+    return _session(app_name, master, settings, kafka=kafka, jvm_log=jvm_log)
+
+
+def is_local(master: str) -> bool:
+    return master.strip().startswith("local")
+
+
+def _session(
+    app_name: str, master: str, settings: Mapping[str, Any], *, kafka: bool, jvm_log: Path | None
+):
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    conf = SparkConf().setMaster(master).setAppName(app_name)
+    for key, value in settings.items():
+        conf.set(key, str(value))
+    if kafka and not conf.contains("spark.jars"):
         jars = _kafka_jars()
         if jars:
-            builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
-    spark = builder.getOrCreate()
+            conf.set("spark.jars", ",".join(str(j) for j in jars))
+    if SparkContext._active_spark_context is None and jvm_log is not None:
+        from pyspark.java_gateway import launch_gateway
+
+        jvm_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(jvm_log, "ab") as out:  # the JVM keeps its own copy of the descriptor
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+        SparkContext(conf=conf, gateway=gateway)
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # connection chatter at INFO
     return spark

@@ -13,10 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from enhydra.logs import get_logger
+from enhydra.spark.ship import DriverLog, import_aiokafka
 from enhydra.spark.source import METHODS, SourceError, _connector_missing
 
-log = get_logger("enhydra.spark.sink")
+log = DriverLog("enhydra.spark.sink")  # executors import this module; they have no structlog
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
@@ -70,6 +70,7 @@ class _Producer:
         yield pa.RecordBatch.from_pydict({"written": [written]})
 
     async def _produce(self, batches: Iterable[pa.RecordBatch]) -> int:
+        import_aiokafka()  # on a worker without aiokafka: the copy the job shipped
         from aiokafka import AIOKafkaProducer
 
         producer = AIOKafkaProducer(

@@ -3,9 +3,13 @@
 Two readers with one schema (key, value, topic, partition, offset, timestamp, headers):
 - `kafka`: Spark's own Kafka source (spark-sql-kafka-0-10, see jars.py) when it is on the
   classpath; the JVM reads, nothing passes through Python until the fold.
-- `python`: a Python Data Source (format "enhydra-kafka") that splits each partition's offset
-  range into input partitions and reads them in parallel with aiokafka inside the Python
-  workers. It needs nothing but pyspark, so it also runs where jars cannot be added.
+- `python`: a Python Data Source (format "enhydra-kafka") that reads each partition's offset
+  range (or pieces of it) with aiokafka inside the Python workers. It needs no jars, so it also
+  runs where jars cannot be added; the workers need aiokafka (`ship.py` sends a pure-Python
+  copy along for workers that lack it).
+
+Both keep one Kafka partition in one Spark partition unless `split_records` asks for pieces:
+the fold can then run in place, without a shuffle (fold.py).
 
 Both read with isolation.level=read_committed and fail when an offset in the range is gone
 (retention): a rebuild from a silently shortened history would be wrong, not just incomplete.
@@ -24,9 +28,9 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from enhydra.logs import get_logger
+from enhydra.spark.ship import DriverLog, import_aiokafka
 
-log = get_logger("enhydra.spark.source")
+log = DriverLog("enhydra.spark.source")  # executors import this module; they have no structlog
 
 FORMAT = "enhydra-kafka"
 COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "headers"]
@@ -46,6 +50,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 METHODS = ("auto", "kafka", "python")
+POLL_RECORDS = 50_000  # records per poll of Spark's Kafka consumer
+POLL_BYTES = 16 * 1024 * 1024
 
 
 class SourceError(RuntimeError):
@@ -96,7 +102,14 @@ async def _resolve(
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except Exception as exc:
+        await consumer.stop()
+        raise SourceError(
+            f"cannot reach Kafka at {bootstrap} to read {topic}: {exc} "
+            "(check --bootstrap or ENHYDRA_BOOTSTRAP_SERVERS)"
+        ) from None
     try:
         await consumer._client.force_metadata_update()
         partitions = consumer.partitions_for_topic(topic)
@@ -141,8 +154,13 @@ async def _resolve(
         await consumer.stop()
 
 
-def split_ranges(ranges: list[OffsetRange], max_records: int) -> list[OffsetRange]:
-    """Cut ranges into pieces of at most `max_records`, so big partitions read in parallel."""
+def split_ranges(ranges: list[OffsetRange], max_records: int | None) -> list[OffsetRange]:
+    """Cut ranges into pieces of at most `max_records`, so big partitions read in parallel.
+
+    `max_records` None (or 0) keeps one piece per non-empty partition.
+    """
+    if not max_records:
+        return [r for r in ranges if r.count > 0]
     pieces = []
     for r in ranges:
         start = r.start
@@ -186,7 +204,7 @@ class _KafkaReader(DataSourceReader):
             self.ranges = [OffsetRange(*r) for r in json.loads(options["ranges"])]
         except (KeyError, ValueError, TypeError) as exc:
             raise SourceError(f"{FORMAT} needs options bootstrap, topic and ranges: {exc}") from exc
-        self.split_records = int(options.get("split_records", "250000"))
+        self.split_records = int(options.get("split_records", "0"))  # 0: whole partitions
         self.batch_records = int(options.get("batch_records", "10000"))
         self.timeout_s = float(options.get("timeout_s", "120"))
 
@@ -216,6 +234,7 @@ def read_range(
     timeout_s: float = 120.0,
 ) -> Iterator[pa.RecordBatch]:
     """Records [start, end) of one partition as Arrow batches, from a synchronous caller."""
+    import_aiokafka()  # on a worker without aiokafka: the copy the job shipped
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import OffsetOutOfRangeError
 
@@ -296,13 +315,16 @@ def read_events(
     method: str = "auto",
     *,
     ranges: list[OffsetRange] | None = None,
-    split_records: int = 250_000,
+    split_records: int | None = None,
 ) -> Any:
     """A bounded DataFrame of `topic`: offsets fixed now (or by until_*), same schema either way.
 
     method "kafka" uses Spark's Kafka source and fails without its jars; "python" uses the
     Python Data Source; "auto" prefers Spark's source and falls back to the Python one.
     `ranges` skips resolving offsets (the job resolves them once and reuses them for the cut).
+    Each Kafka partition is one Spark partition, unless `split_records` cuts partitions into
+    pieces of about that many records (more read tasks than partitions, but then a fold must
+    shuffle).
     """
     if method not in METHODS:
         raise SourceError(f"method {method!r}: expected one of {', '.join(METHODS)}")
@@ -326,7 +348,7 @@ def read_events(
         .option("bootstrap", bootstrap)
         .option("topic", topic)
         .option("ranges", json.dumps([[r.partition, r.start, r.end] for r in ranges]))
-        .option("split_records", str(split_records))
+        .option("split_records", str(split_records or 0))
         .load()
     )
 
@@ -337,12 +359,11 @@ def _connector_missing(exc: Exception) -> bool:
 
 
 def _spark_kafka(
-    spark: Any, topic: str, bootstrap: str, ranges: list[OffsetRange], split_records: int
+    spark: Any, topic: str, bootstrap: str, ranges: list[OffsetRange], split_records: int | None
 ) -> Any:
     starts = {topic: {str(r.partition): r.start for r in ranges}}
     ends = {topic: {str(r.partition): r.end for r in ranges}}
-    total = sum(r.count for r in ranges)
-    df = (
+    reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("kafka.isolation.level", "read_committed")
@@ -351,7 +372,15 @@ def _spark_kafka(
         .option("endingOffsets", json.dumps(ends))
         .option("includeHeaders", "true")
         .option("failOnDataLoss", "true")
-        .option("minPartitions", str(max(len(ranges), -(-total // split_records))))
-        .load()
+        # Spark's consumer asks the broker for the partition's first and last offsets after
+        # every poll and seeks again (which drops what it prefetched): three round trips per
+        # poll, so a poll must bring many records (default 500 records / 1 MB per partition).
+        .option("kafka.max.poll.records", str(POLL_RECORDS))
+        .option("kafka.max.partition.fetch.bytes", str(POLL_BYTES))
+        .option("kafka.fetch.max.bytes", str(POLL_BYTES))
     )
-    return df.select(*COLUMNS)
+    if split_records:  # without minPartitions, Spark maps each topic partition to one task
+        total = sum(r.count for r in ranges)
+        pieces = max(len(ranges), -(-total // split_records))
+        reader = reader.option("minPartitions", str(pieces))
+    return reader.load().select(*COLUMNS)

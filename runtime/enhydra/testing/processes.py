@@ -158,7 +158,12 @@ def service_env(
     partitions: int = 4,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Environment for one test instance: short timeouts so rebalances take seconds."""
+    """Environment for one test instance: short timeouts so rebalances take seconds.
+
+    A stopped test instance leaves its groups at once (a scale-down), as most tests stop one
+    instance and start another; a test of rolling restarts sets
+    ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN=false, the production default.
+    """
     return {
         "ENHYDRA_APP_ID": app_id,
         "ENHYDRA_BOOTSTRAP_SERVERS": bootstrap,
@@ -170,6 +175,7 @@ def service_env(
         "ENHYDRA_SESSION_TIMEOUT_MS": "6000",
         "ENHYDRA_HEARTBEAT_INTERVAL_MS": "1000",
         "ENHYDRA_REBALANCE_TIMEOUT_MS": "10000",
+        "ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN": "true",
         "ENHYDRA_LOG_FORMAT": "json",
         **(extra or {}),
     }

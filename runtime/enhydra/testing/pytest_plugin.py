@@ -29,8 +29,8 @@ class SecuredKafka:
     password: str  # the admin's, to check it never shows up anywhere
 
 
-def secured_connections(info) -> SecuredKafka:  # info: enhydra.broker.local.BrokerInfo
-    from enhydra.broker.security import ADMIN_USER, LIMITED_USER
+def secured_connections(info) -> SecuredKafka:  # info: enhydra.devtools.broker.BrokerInfo
+    from enhydra.devtools.broker_security import ADMIN_USER, LIMITED_USER
 
     files = info.security_files
 
@@ -57,7 +57,7 @@ def secured_connections(info) -> SecuredKafka:  # info: enhydra.broker.local.Bro
 @pytest.fixture(scope="session")
 def _local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A local broker with every listener, started once per session."""
-    from enhydra.broker.local import LocalBroker
+    from enhydra.devtools.broker import LocalBroker
 
     broker = LocalBroker(tmp_path_factory.mktemp("kafka"), port=0, secured=True)
     info = broker.start()

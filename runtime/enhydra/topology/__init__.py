@@ -5,6 +5,7 @@
 """
 
 from enhydra.contracts.fingerprint import canonical_json, compatibility_view, fingerprint
+from enhydra.topology.baseline import BaselineError, is_deployed, locked
 from enhydra.topology.compat import ADVICE, Change, Path, compare, render, verdict
 from enhydra.topology.mermaid import to_mermaid
 from enhydra.topology.model import (
@@ -19,6 +20,7 @@ from enhydra.topology.model import (
 __all__ = [
     "ADVICE",
     "FORMAT",
+    "BaselineError",
     "Change",
     "Path",
     "TopologyError",
@@ -27,6 +29,8 @@ __all__ = [
     "compare",
     "compatibility_view",
     "fingerprint",
+    "is_deployed",
+    "locked",
     "qualified_name",
     "render",
     "to_mermaid",

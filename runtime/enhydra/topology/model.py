@@ -253,6 +253,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     for name, kind in required.items():
         if not isinstance(raw.get(name), kind):
             raise TopologyError(f"{source}: {name!r} is missing or not a {kind.__name__}")
+    if not isinstance(raw.get("deployed", True), bool):
+        raise TopologyError(f"{source}: 'deployed' must be true or false")
     for section in ("input_topics", "output_topics", "stores", "internal_topics", "projections"):
         for item in raw[section]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):

@@ -19,7 +19,11 @@ from enhydra.snapshots import open_snapshot
 from enhydra.testing import Driver
 from enhydra.testing.processes import produce_json, wait_for_committed
 
-from {{ cookiecutter.package_name }}.domain import items
+from {{ cookiecutter.package_name }}.domain import (
+    COMMAND_TYPES,
+    KEY_FIELD,
+    {{ cookiecutter.aggregate }},
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -27,16 +31,17 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def commands() -> list[tuple[str, dict[str, Any]]]:
+    """12 keys, each created and then sent every command type four times, plus one duplicate."""
+    create, *others = COMMAND_TYPES
     out: list[tuple[str, dict[str, Any]]] = []
     for n in range(12):
-        item = f"item-{n}"
-        out.append((item, {"command_id": f"{item}-register", "type": "register", "item": item}))
+        key = f"{KEY_FIELD}-{n}"
+        out.append((key, {"command_id": f"{key}-c", "type": create, KEY_FIELD: key, "n": n}))
         for round_ in range(4):
-            quantity = 5 + n + round_
-            command = {"type": "receive", "item": item, "quantity": quantity}
-            out.append((item, {"command_id": f"{item}-r{round_}", **command}))
-        out.append((item, {"command_id": f"{item}-s", "type": "ship", "item": item, "quantity": 3}))
-        out.append((item, {"command_id": f"{item}-r0", "type": "receive", "item": item}))
+            for kind in others:
+                command = {"type": kind, KEY_FIELD: key, "round": round_}
+                out.append((key, {"command_id": f"{key}-{kind}-{round_}", **command}))
+        out.append((key, {"command_id": f"{key}-c", "type": create, KEY_FIELD: key}))
     return out
 
 
@@ -77,7 +82,7 @@ def test_backfill_rebuilds_the_service_state(
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-6000:]
     assert "backfill: 12 keys" in job.stdout
 
-    model = Driver(items)
+    model = Driver({{ cookiecutter.aggregate }})
     model.send_many(sent)
     snapshot = open_snapshot(tmp_path / "snapshot")
     rebuilt = {}
@@ -87,6 +92,6 @@ def test_backfill_rebuilds_the_service_state(
             assert entry.command_ids == model.entries[key.decode()].command_ids
     assert rebuilt == {key: model.state(key) for key in model.stored_keys()}
     for key, state in rebuilt.items():
-        assert instance.get(f"/v1/stores/items/keys/{key}") == (200, state)
+        assert instance.get(f"/v1/stores/{{ cookiecutter.aggregate }}/keys/{key}") == (200, state)
     assert snapshot.cut.topic == f"{app_id}-commands"
     assert json.loads((tmp_path / "snapshot" / "manifest.json").read_text())["app_id"] == app_id

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ def test_dockerfile_essentials() -> None:
     froms = [line for line in instructions if line.startswith("FROM ")]
     assert froms == ["FROM ${BASE} AS builder", "FROM ${BASE} AS runtime"]
     assert "pip wheel --wheel-dir /wheels --find-links /wheelhouse ." in text
-    assert "--no-index" in text
+    wheel = SLUG.replace("-", "_")
+    assert f"pip install --no-index --find-links /wheels /wheels/{wheel}-*.whl" in text
     assert f"ENHYDRA_STATE_DIR={STATE_DIR}" in text
     assert f'VOLUME ["{STATE_DIR}"]' in text
     assert f"chown enhydra:enhydra {STATE_DIR}" in text
@@ -75,6 +77,25 @@ def test_dockerfile_essentials() -> None:
     entrypoint = re.search(r"^ENTRYPOINT (.+)$", text, flags=re.M)
     assert entrypoint and json.loads(entrypoint.group(1))[0].endswith("tini")
     assert (ROOT / "wheelhouse").is_dir()
+{%- if cookiecutter.enhydra_source == "vendor" %}
+
+
+def test_the_vendored_runtime_is_there_and_reaches_the_image() -> None:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (runtime,) = [d for d in dependencies if d.startswith("enhydra")]
+    assert runtime.startswith("enhydra @ {root:uri}/vendor/enhydra-"), runtime
+    assert (ROOT / "vendor" / runtime.rpartition("/")[2]).is_file(), runtime
+    assert "COPY vendor/ vendor/" in (ROOT / "Dockerfile").read_text()
+    assert "!vendor/" in (ROOT / ".dockerignore").read_text().splitlines()
+{%- else %}
+
+
+def test_the_runtime_comes_from_an_index() -> None:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (runtime,) = [d for d in dependencies if d.startswith("enhydra")]
+    assert "@" not in runtime, runtime
+    assert "ARG PIP_INDEX_URL" in (ROOT / "Dockerfile").read_text()
+{%- endif %}
 
 
 # --- docker compose ---------------------------------------------------------------------------
@@ -146,6 +167,24 @@ def test_statefulset_keeps_state_and_stops_gracefully() -> None:
     assert env["ENHYDRA_STATE_DIR"] == STATE_DIR
     names = list(env)
     assert names.index("POD_NAME") < names.index("ENHYDRA_ADVERTISED_URL")
+
+
+def test_kafka_credentials_come_from_optional_secrets() -> None:
+    """Security settings from one Secret, credential files from another; neither is required."""
+    (sts,) = load_yaml("k8s/statefulset.yaml")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (source,) = container["envFrom"]
+    assert source["secretRef"] == {"name": f"{SLUG}-kafka", "optional": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files = volumes["kafka-files"]["secret"]
+    assert files["secretName"] == f"{SLUG}-kafka-files" and files["optional"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kafka-files"]["mountPath"] == "/var/run/secrets/kafka"
+    assert mounts["kafka-files"]["readOnly"] is True
+    # No secret value is written into the manifests themselves.
+    env = env_of(container)
+    assert not {"ENHYDRA_SASL_PASSWORD", "ENHYDRA_SSL_KEY_PASSWORD"} & set(env)
 
 
 def test_services_route_to_the_pods() -> None:

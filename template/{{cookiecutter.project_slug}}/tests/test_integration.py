@@ -15,32 +15,35 @@ import pytest
 from enhydra.testing import Driver
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 
-from {{ cookiecutter.package_name }}.domain import items
+from {{ cookiecutter.package_name }}.domain import (
+    COMMAND_TYPES,
+    KEY_FIELD,
+    {{ cookiecutter.aggregate }},
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-ITEMS = [f"item-{n}" for n in range(8)]
+KEYS = [f"{KEY_FIELD}-{n}" for n in range(8)]
+CREATE, *OTHERS = COMMAND_TYPES
 
 
 def commands() -> list[tuple[str, dict[str, Any]]]:
-    """Accepted and rejected commands for several items, spread over the partitions."""
+    """Accepted and rejected commands for several keys, spread over the partitions."""
     out: list[tuple[str, dict[str, Any]]] = []
 
-    def send(item: str, command_id: str, kind: str, quantity: int | None = None) -> None:
-        command: dict[str, Any] = {"command_id": command_id, "type": kind, "item": item}
-        if quantity is not None:
-            command["quantity"] = quantity
-        out.append((item, command))
+    def send(key: str, command_id: str, kind: str, **fields: Any) -> None:
+        command = {"command_id": command_id, "type": kind, KEY_FIELD: key, **fields}
+        out.append((key, command))
 
-    for n, item in enumerate(ITEMS):
-        send(item, f"{item}-register", "register")
+    for n, key in enumerate(KEYS):
+        send(key, f"{key}-create", CREATE, name=f"name-{n}")
         for round_ in range(3):
-            send(item, f"{item}-receive-{round_}", "receive", 10 + n + round_)
-            send(item, f"{item}-ship-{round_}", "ship", 5 + round_)
-        send(item, f"{item}-ship-too-many", "ship", 1000)  # rejected: not enough on hand
-        send(item, f"{item}-receive-0", "receive", 99)  # rejected: duplicate command id
-    send("item-unknown", "unknown-ship", "ship", 1)  # rejected: never registered
+            for kind in OTHERS:
+                send(key, f"{key}-{kind}-{round_}", kind, round=round_, n=n)
+        send(key, f"{key}-create-again", CREATE)  # rejected: it exists
+        send(key, f"{key}-create", CREATE)  # rejected: duplicate command id
+    send("missing", "missing-0", (OTHERS or [CREATE])[0])  # rejected unless it creates
     return out
 
 
@@ -57,26 +60,26 @@ def test_final_state_matches_the_model(
 
     asyncio.run(produce_and_wait())
 
-    model = Driver(items)
+    model = Driver({{ cookiecutter.aggregate }})
     model.send_many(sent)
-    for item in ITEMS:
-        status, body = instance.get(f"/v1/stores/items/keys/{item}")
-        assert (status, body) == (200, model.state(item)), item
-    status, _ = instance.get("/v1/stores/items/keys/item-unknown")
-    assert status == 404
+    for key in KEYS:
+        status, body = instance.get(f"/v1/stores/{{ cookiecutter.aggregate }}/keys/{key}")
+        assert (status, body) == (200, model.state(key)), key
+    status, _ = instance.get("/v1/stores/{{ cookiecutter.aggregate }}/keys/missing")
+    assert status == (404 if OTHERS else 200)
 
     rejections = asyncio.run(read_topic(kafka_bootstrap, f"{app_id}-rejections"))
     published = sorted(
         (r["command_id"], r["reason"]) for r in (json.loads(rec.value) for rec in rejections)
     )
     assert published == sorted((r["command_id"], r["reason"]) for r in model.rejections)
-    assert len(published) == 2 * len(ITEMS) + 1
+    assert len(published) == 2 * len(KEYS) + (1 if OTHERS else 0)
 
     events = asyncio.run(read_topic(kafka_bootstrap, f"{app_id}-events"))
     per_key: dict[str, list[Any]] = {}
     for record in events:
         per_key.setdefault(record.key.decode(), []).append(json.loads(record.value))
-    expected: dict[str, list[Any]] = {}
+    modelled: dict[str, list[Any]] = {}
     for key, event in model.events:
-        expected.setdefault(key, []).append(event)
-    assert per_key == expected
+        modelled.setdefault(key, []).append(event)
+    assert per_key == modelled

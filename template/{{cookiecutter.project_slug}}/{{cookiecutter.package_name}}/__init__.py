@@ -1,1 +1,4 @@
-"""{{ cookiecutter.project_name }}: stock items as an Enhydra aggregate (domain.py), run by service.py."""
+"""{{ cookiecutter.project_name }}.
+
+The {{ cookiecutter.aggregate }} aggregate (domain.py), run by service.py.
+"""

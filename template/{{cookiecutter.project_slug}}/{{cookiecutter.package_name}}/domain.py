@@ -1,16 +1,29 @@
-"""Stock items: registered once, then received into and shipped out of stock.
+{%- set commands = cookiecutter.command_types | command_list -%}
+{%- set create = commands[0] -%}
+{%- set others = commands[1:] -%}
+{%- set noun = cookiecutter.key_field -%}
+"""The {{ cookiecutter.aggregate }} aggregate: one state per {{ noun }}.
 
-Commands are JSON objects keyed by item id:
+Commands are JSON objects, keyed by the {{ noun }} they are for:
 
-    {"command_id": str, "type": "register" | "receive" | "ship", "item": str, "quantity": int}
+    {"command_id": "c1", "type": "{{ create }}",
+     "{{ noun }}": "a1", ...}
 
-`quantity` is needed by receive (more than 0) and ship (more than 0, at most what is on hand).
-State per item: {"on_hand": int, "version": int}, where version counts the events applied.
+Command types, and the event each one records when it is accepted:
 
-Both functions are pure: the streaming service, the test driver and a PySpark backfill run
-exactly this code, so keep I/O, clocks and randomness out of them. Replace this example with
-your own domain; the shape (parse checks the shape, decide raises Rejection, apply folds
-events) stays.
+{%- for c in commands %}
+    {{ c }} -> {{ c | past_tense }}
+{%- endfor %}
+
+The first creates the {{ noun }}{% if others %}; the others need it to exist{% endif %}.
+Every event carries the command's other fields. The state of
+one {{ noun }} is those fields merged in order, plus `version`, the
+number of events applied.
+
+This is a starting point generated from your answers: put the business rules where the TODOs
+are (raise Rejection("why") to refuse a command), and shape events and state as your domain
+needs. Keep the functions pure: the streaming service, the test driver and a PySpark backfill
+run exactly this code, so keep I/O, clocks and randomness out of them.
 """
 
 from __future__ import annotations
@@ -23,11 +36,19 @@ Command = dict[str, Any]
 Event = dict[str, Any]
 State = dict[str, Any]
 
-COMMAND_TYPES = ("register", "receive", "ship")
+KEY_FIELD = "{{ noun }}"
+# Command type -> the event type it records when accepted.
+EVENT_TYPES = {
+{%- for c in commands %}
+    "{{ c }}": "{{ c | past_tense }}",
+{%- endfor %}
+}
+COMMAND_TYPES = tuple(EVENT_TYPES)
+CREATE = COMMAND_TYPES[0]
 
 
 def parse(command: Command) -> Command:
-    """The command's shape: a known type, an item, a positive whole quantity where needed.
+    """The command's shape: a known type and the {{ noun }} it is for.
 
     A malformed command is the sender's bug, not a business answer: raising InvalidCommand
     sends it to the dead-letter queue (with the template's settings) instead of publishing a
@@ -37,55 +58,55 @@ def parse(command: Command) -> Command:
     if kind not in COMMAND_TYPES:
         expected = ", ".join(COMMAND_TYPES)
         raise InvalidCommand(f"unknown command type {kind!r}; expected one of {expected}")
-    item = command.get("item")
-    if not isinstance(item, str) or not item:
-        raise InvalidCommand("item must be a non-empty string")
-    if kind in ("receive", "ship"):
-        quantity = command.get("quantity")
-        if isinstance(quantity, bool) or not isinstance(quantity, int):
-            raise InvalidCommand(f"quantity must be a whole number, got {quantity!r}")
-        if quantity <= 0:
-            raise InvalidCommand(f"quantity must be greater than 0, got {quantity}")
+    key = command.get(KEY_FIELD)
+    if not isinstance(key, str) or not key:
+        raise InvalidCommand(f"{KEY_FIELD} must be a non-empty string, got {key!r}")
     return command
 
 
+def fields(command: Command) -> dict[str, Any]:
+    """A command's fields beyond command_id, type and the key: its event records them."""
+    return {k: v for k, v in command.items() if k not in ("command_id", "type", KEY_FIELD)}
+
+
 def decide(state: State | None, command: Command) -> list[Event]:
-    """Check a well-formed command against the item and say what happened (or reject it)."""
-    kind, item = command["type"], command["item"]
-    if kind == "register":
+    """Check a well-formed command against the state: its events, or a Rejection."""
+    kind, key = command["type"], command[KEY_FIELD]
+    event = {"type": EVENT_TYPES[kind], **fields(command)}
+    if kind == CREATE:
         if state is not None:
-            raise Rejection(f"item {item!r} is already registered")
-        return [{"type": "registered", "item": item}]
+            raise Rejection(f"{KEY_FIELD} {key!r} already exists")
+        # TODO: the rules of {{ create }}
+        return [event]
+{%- if others %}
     if state is None:
-        raise Rejection(f"item {item!r} is not registered")
-    quantity = command["quantity"]
-    if kind == "receive":
-        return [{"type": "received", "quantity": quantity}]
-    if quantity > state["on_hand"]:
-        raise Rejection(f"cannot ship {quantity} of {item!r}: only {state['on_hand']} on hand")
-    return [{"type": "shipped", "quantity": quantity}]
+        raise Rejection(f"{KEY_FIELD} {key!r} does not exist: {CREATE} it first")
+{%- for c in others %}
+    if kind == "{{ c }}":
+        # TODO: the rules of {{ c }}
+        return [event]
+{%- endfor %}
+{%- endif %}
+    raise InvalidCommand(f"unknown command type {kind!r}")  # parse lets none through
 
 
 def apply(state: State | None, event: Event) -> State:
-    """The only way an item's state changes; never raises for events decide produced."""
+    """The only way a state changes; never raises for events decide produced."""
     kind = event["type"]
-    if kind == "registered":
-        return {"on_hand": 0, "version": 1}
+    data = {k: v for k, v in event.items() if k != "type"}
+    if kind == EVENT_TYPES[CREATE]:
+        return {**data, "version": 1}
     if state is None:
-        raise ValueError(f"{kind!r} event for an item that was never registered")
-    if kind == "received":
-        on_hand = state["on_hand"] + event["quantity"]
-    elif kind == "shipped":
-        on_hand = state["on_hand"] - event["quantity"]
-    else:
-        raise ValueError(f"unknown event type {kind!r}")
-    return {"on_hand": on_hand, "version": state["version"] + 1}
+        raise ValueError(f"{kind!r} event for a {{ noun }} that was never created")
+    if kind in EVENT_TYPES.values():
+        return {**state, **data, "version": state["version"] + 1}
+    raise ValueError(f"unknown event type {kind!r}")
 
 
-items = Aggregate(
-    name="items",
+{{ cookiecutter.aggregate }} = Aggregate(
+    name="{{ cookiecutter.aggregate }}",
     decide=decide,
     apply=apply,
     parse=parse,
-    description="Stock items: quantity on hand and the number of events applied.",
+    description="One state per {{ noun }}: the fields its commands recorded.",
 )

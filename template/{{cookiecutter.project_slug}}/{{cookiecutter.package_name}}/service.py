@@ -1,4 +1,4 @@
-"""The {{ cookiecutter.project_name }} service: the items aggregate with Enhydra's runtime around it.
+"""The service: the {{ cookiecutter.aggregate }} aggregate with Enhydra's runtime around it.
 
 The values here are defaults: every ENHYDRA_* environment variable overrides them, so the same
 code runs on a laptop, in compose and in Kubernetes.
@@ -6,11 +6,11 @@ code runs on a laptop, in compose and in Kubernetes.
 
 from enhydra import Service
 
-from {{ cookiecutter.package_name }}.domain import items
+from {{ cookiecutter.package_name }}.domain import {{ cookiecutter.aggregate }}
 
 service = Service(
     "{{ cookiecutter.app_id }}",
-    items,
+    {{ cookiecutter.aggregate }},
     partitions={{ cookiecutter.partitions }},
     web_port={{ cookiecutter.web_port }},
     # a warm copy of every task on another instance: failover without a full restore

@@ -1,0 +1,89 @@
+"""What the job ships, and how it lays events out for the fold (pure parts, no Spark)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import pytest
+
+from enhydra.spark.job import local_cores, plan_layout
+from enhydra.spark.ship import (
+    EXECUTOR_MODULES,
+    job_archive,
+    reader_archive,
+    service_packages,
+)
+from enhydra.spark.source import OffsetRange
+from ledger.domain import accounts
+
+
+def names(path) -> set[str]:
+    with zipfile.ZipFile(path) as archive:
+        return set(archive.namelist())
+
+
+def test_the_job_archive_holds_the_service_package_and_the_pure_parts() -> None:
+    path, packages = job_archive(accounts)
+    assert packages == ["ledger"] == service_packages(accounts)
+    inside = names(path)
+    assert {"ledger/__init__.py", "ledger/domain.py"} <= inside
+    for module in EXECUTOR_MODULES:
+        parts = module.split(".")
+        assert f"{'/'.join(parts)}/__init__.py" in inside or f"{'/'.join(parts)}.py" in inside
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in inside)
+    assert not any(
+        n.startswith(("enhydra/service", "enhydra/stores", "enhydra/cli")) for n in inside
+    )
+    assert job_archive(accounts)[0] == path  # same code, same bytes, same file
+
+
+def test_the_reader_archive_is_pure_python() -> None:
+    inside = names(reader_archive())
+    assert {"aiokafka/__init__.py", "async_timeout/__init__.py", "typing_extensions.py"} <= inside
+    assert "packaging/version.py" in inside
+    assert not any(n.endswith((".so", ".c", ".pyx")) for n in inside)
+
+
+def ranges(*counts: int) -> list[OffsetRange]:
+    return [OffsetRange(p, 0, n) for p, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize(
+    ("counts", "cores", "shuffle", "tasks", "in_place"),
+    [
+        ((100, 100, 100, 100), 2, None, None, True),  # enough partitions: fold in place
+        ((100, 100, 100, 100), 4, None, None, True),
+        ((100, 0, 0, 0), 2, None, None, False),  # one partition with events, two cores
+        ((100, 100), 8, None, None, False),
+        ((100, 100, 100, 100), 2, True, None, False),  # asked for
+        ((100,), 8, False, None, True),
+        ((100, 100, 100, 100), 2, None, 6, False),  # --tasks implies a shuffle
+        ((0, 0), 4, None, None, True),  # nothing to read
+    ],
+)
+def test_the_layout_folds_in_place_unless_cores_would_idle(
+    counts: tuple[int, ...], cores: int, shuffle: bool | None, tasks: int | None, in_place: bool
+) -> None:
+    layout = plan_layout(ranges(*counts), cores, shuffle=shuffle, tasks=tasks)
+    assert layout.in_place is in_place
+    if in_place:
+        assert layout.split_records is None and layout.tasks is None
+    else:
+        assert layout.split_records is not None and layout.tasks == tasks
+    assert layout.reason
+
+
+def test_a_shuffled_layout_reads_in_pieces_for_every_core() -> None:
+    layout = plan_layout(ranges(1_000_000), 8)
+    assert not layout.in_place
+    assert layout.split_records is not None
+    assert 1_000_000 / layout.split_records >= 8
+
+
+def test_local_masters_count_their_task_slots() -> None:
+    assert local_cores("local") == 1
+    assert local_cores("local[3]") == 3
+    assert local_cores("local[2,4]") == 2
+    assert local_cores("local[*]") == os.cpu_count()
+    assert local_cores("spark://host:7077") is None

@@ -1,0 +1,299 @@
+"""Property tests of the failure detector's pure core (hypothesis).
+
+Each scenario is what a user would see from outside: a kill -9, a SIGSTOP, a stalled HTTP port,
+a GC pause, a rolling restart. The last test checks every decision against the rules written
+as a second, independent reading of the whole history.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enhydra.failover.detector import (
+    DetectorConfig,
+    PeerState,
+    Signal,
+    Verdict,
+    decide,
+    new_peer,
+    observe,
+)
+
+CFG = DetectorConfig(suspect_after_s=1.0, probe_window_s=5.0, beacon_grace_s=2.0)
+HB = 0.2  # heartbeat interval
+BEACON_EVERY = 1.0
+
+History = list[tuple[float, Signal]]
+
+
+def fold(history: History, start: float = 0.0, cfg: DetectorConfig = CFG) -> PeerState:
+    state = new_peer(start)
+    for at, signal in history:
+        state = observe(state, signal, at, cfg)
+    return state
+
+
+def regular(signal: Signal, start: float, end: float, every: float, jitter: list[float]) -> History:
+    out, t, i = [], start, 0
+    while t < end:
+        out.append((t, signal))
+        t += every * (0.5 + jitter[i % len(jitter)]) if jitter else every
+        i += 1
+    return out
+
+
+def merged(*histories: History) -> History:
+    return sorted((item for h in histories for item in h), key=lambda x: x[0])
+
+
+jitters = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8)
+noise_signals = st.sampled_from([Signal.CONNECT_TIMEOUT, Signal.RESET])
+
+
+@settings(max_examples=300)
+@given(
+    alive_for=st.floats(0.3, 60),
+    jitter=jitters,
+    with_beacons=st.booleans(),
+    reset_after=st.floats(0.0, 0.2),
+    refused_after=st.floats(0.0, 0.05),
+)
+def test_kill_9_is_dead_at_the_first_refusal_whatever_the_beacon_said(
+    alive_for, jitter, with_beacons, reset_after, refused_after
+):
+    history = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
+        regular(Signal.BEACON, 0.1, alive_for, BEACON_EVERY, jitter) if with_beacons else [],
+    )
+    last = history[-1][0]
+    before = fold([*history, (last + reset_after, Signal.RESET)])
+    assert decide(before, last + reset_after, CFG).verdict is not Verdict.DEAD
+    refused_at = last + reset_after + refused_after
+    state = fold([*history, (last + reset_after, Signal.RESET), (refused_at, Signal.REFUSED)])
+    decision = decide(state, refused_at, CFG)
+    assert decision.verdict is Verdict.DEAD and decision.remove
+
+
+@settings(max_examples=300)
+@given(
+    alive_for=st.floats(0.3, 60),
+    jitter=jitters,
+    probes=st.lists(st.tuples(st.floats(0.0, 30.0), noise_signals), max_size=20),
+    now_after=st.floats(0.0, 30.0),
+)
+def test_sigstop_is_dead_after_the_probe_window_and_not_before(
+    alive_for, jitter, probes, now_after
+):
+    history = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
+        regular(Signal.BEACON, 0.0, alive_for, BEACON_EVERY, jitter),
+    )
+    stopped = history[-1][0]
+    last_heartbeat = max(t for t, s in history if s is Signal.HEARTBEAT)
+    last_beacon = max(t for t, s in history if s is Signal.BEACON)
+    after = sorted((stopped + dt, s) for dt, s in probes if dt <= now_after)
+    now = stopped + now_after
+    decision = decide(fold(history + after), now, CFG)
+    silent = min(now - last_heartbeat, now - last_beacon)
+    if silent >= CFG.probe_window_s:
+        assert decision.verdict is Verdict.DEAD and decision.remove
+    else:
+        assert decision.verdict is not Verdict.DEAD
+
+
+@settings(max_examples=300)
+@given(
+    alive_for=st.floats(0.3, 30),
+    stalled_for=st.floats(0.0, 120),
+    jitter=jitters,
+    probes=st.lists(st.tuples(st.floats(0.0, 120.0), noise_signals), max_size=30),
+    checks=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10),
+)
+def test_a_stalled_http_port_is_never_dead_while_the_beacon_arrives(
+    alive_for, stalled_for, jitter, probes, checks
+):
+    """The process consumes (its beacon arrives at most every second); only HTTP is silent."""
+    end = alive_for + stalled_for
+    history = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
+        regular(Signal.BEACON, 0.0, end + BEACON_EVERY, BEACON_EVERY, []),
+        [(alive_for + dt, s) for dt, s in probes if dt <= stalled_for],
+    )
+    for fraction in checks:
+        now = alive_for + fraction * stalled_for
+        state = fold([item for item in history if item[0] <= now])
+        assert decide(state, now, CFG).verdict is not Verdict.DEAD
+
+
+@settings(max_examples=300)
+@given(
+    alive_for=st.floats(0.3, 30),
+    pause=st.floats(0.0, CFG.probe_window_s - 0.01),
+    jitter=jitters,
+    checks=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10),
+)
+def test_a_pause_shorter_than_the_window_gc_or_a_busy_loop_is_never_dead(
+    alive_for, pause, jitter, checks
+):
+    before = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
+        regular(Signal.BEACON, 0.0, alive_for, BEACON_EVERY, jitter),
+        [(alive_for, Signal.HEARTBEAT), (alive_for, Signal.BEACON)],  # then the pause starts
+    )
+    resumed = before[-1][0] + pause
+    history = [*before, (resumed, Signal.SLOW_HEARTBEAT), (resumed, Signal.BEACON)]
+    for fraction in checks:
+        now = before[-1][0] + fraction * pause
+        state = fold([item for item in history if item[0] <= now])
+        assert decide(state, now, CFG).verdict is not Verdict.DEAD
+    state = fold(history)
+    assert decide(state, resumed, CFG).verdict is Verdict.ALIVE
+
+
+@settings(max_examples=300)
+@given(
+    alive_for=st.floats(0.3, 30),
+    jitter=jitters,
+    down_for=st.floats(0.0, 300),
+    probes=st.lists(
+        st.tuples(st.floats(0.0, 300.0), st.sampled_from(list(Signal)[3:6])), max_size=30
+    ),
+)
+def test_a_rolling_restart_that_said_goodbye_is_never_removed(alive_for, jitter, down_for, probes):
+    history = regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter)
+    bye = history[-1][0] + 0.01
+    after = sorted((bye + dt, s) for dt, s in probes if dt <= down_for)
+    state = fold([*history, (bye, Signal.GOODBYE), *after])
+    assert decide(state, bye + down_for, CFG).verdict is not Verdict.DEAD
+    back = bye + down_for + 0.01
+    state = observe(state, Signal.HEARTBEAT, back, CFG)
+    assert decide(state, back, CFG).verdict is Verdict.ALIVE
+
+
+@settings(max_examples=200)
+@given(probes=st.lists(st.tuples(st.floats(0.0, 600.0), noise_signals), max_size=30))
+def test_a_peer_never_seen_alive_and_without_a_beacon_is_never_removed(probes):
+    history = sorted([(t, Signal.REFUSED) for t, _ in probes] + probes)
+    now = max([t for t, _ in history], default=0.0) + 600
+    assert decide(fold(history), now, CFG).verdict is not Verdict.DEAD
+
+
+@settings(max_examples=200)
+@given(resumed=st.floats(0.0, 100), now_after=st.floats(0.0, 10))
+def test_our_own_late_loop_restarts_the_silence_count(resumed, now_after):
+    history = [(0.0, Signal.HEARTBEAT), (0.0, Signal.BEACON)]
+    state = fold([*history, (resumed, Signal.OBSERVER_RESUMED)])
+    now = resumed + now_after
+    verdict = decide(state, now, CFG).verdict
+    assert (verdict is Verdict.DEAD) == (now - resumed >= CFG.probe_window_s)
+
+
+@settings(max_examples=200)
+@given(
+    refusals=st.lists(st.floats(0.0, 60.0), min_size=1, max_size=20),
+    beacon_gap=st.floats(CFG.beacon_grace_s + 0.01, 10.0),
+)
+def test_a_port_that_rejects_while_kafka_shows_life_costs_one_removal_at_most(refusals, beacon_gap):
+    """A firewall that answers RST: the first refusal looks like a death, the beacons correct it."""
+    state = fold([(0.0, Signal.HEARTBEAT), (0.05, Signal.RESET), (0.1, Signal.REFUSED)])
+    assert decide(state, 0.1, CFG).remove
+    state = observe(state, Signal.REMOVED, 0.1, CFG)
+    t = 0.1
+    state = observe(state, Signal.BEACON, t + beacon_gap, CFG)
+    t += beacon_gap
+    for dt in sorted(refusals):
+        state = observe(state, Signal.REFUSED, t + dt, CFG)
+        state = observe(state, Signal.BEACON, t + dt + 0.5, CFG)
+        assert decide(state, t + dt + 0.5, CFG).verdict is not Verdict.DEAD
+
+
+def test_a_dead_peer_is_removed_once_until_it_comes_back_and_dies_again():
+    state = fold([(0.0, Signal.HEARTBEAT), (1.0, Signal.RESET), (1.0, Signal.REFUSED)])
+    assert decide(state, 1.0, CFG).remove
+    state = observe(state, Signal.REMOVED, 1.1, CFG)
+    for t in (1.2, 5.0, 60.0):
+        state = observe(state, Signal.REFUSED, t, CFG)
+        decision = decide(state, t, CFG)
+        assert decision.verdict is Verdict.DEAD and not decision.remove
+    state = observe(state, Signal.HEARTBEAT, 61.0, CFG)  # restarted, rejoined
+    assert decide(state, 61.0, CFG).verdict is Verdict.ALIVE
+    state = observe(observe(state, Signal.RESET, 62.0, CFG), Signal.REFUSED, 62.0, CFG)
+    assert decide(state, 62.0, CFG).remove
+
+
+def test_a_slow_heartbeat_is_alive_and_says_so():
+    decision = decide(fold([(0.0, Signal.SLOW_HEARTBEAT)]), 0.1, CFG)
+    assert decision.verdict is Verdict.ALIVE and "late" in decision.reason
+
+
+def test_bad_settings_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="below probe_window_s"):
+        DetectorConfig(suspect_after_s=5.0, probe_window_s=5.0)
+    with pytest.raises(ValueError, match="beacon_grace_s"):
+        DetectorConfig(beacon_grace_s=0)
+
+
+# ------------------------------------------------------------- the rules, read over the history
+
+
+def rules(history: History, start: float, now: float, cfg: DetectorConfig) -> tuple[Verdict, bool]:
+    """The docstring's rules applied to the raw history (no folded state)."""
+    life = (Signal.HEARTBEAT, Signal.SLOW_HEARTBEAT)
+    hb_idx = max((i for i, (_, s) in enumerate(history) if s in life), default=None)
+    since = history[hb_idx + 1 :] if hb_idx is not None else history
+    offset = hb_idx + 1 if hb_idx is not None else 0
+    untrusting = []  # indexes of beacons that arrived long after the latest refusal
+    latest_refusal = None
+    for i, (t, s) in enumerate(since):
+        if s is Signal.REFUSED:
+            latest_refusal = t
+        elif (
+            s is Signal.BEACON
+            and latest_refusal is not None
+            and t - latest_refusal > cfg.beacon_grace_s
+        ):
+            untrusting.append(offset + i)
+    evidence = max([i for i in (hb_idx,) if i is not None] + untrusting, default=-1)
+    removed = any(s is Signal.REMOVED for _, s in history[evidence + 1 :])
+
+    if any(s is Signal.GOODBYE for _, s in since):
+        return Verdict.SUSPECT, False
+    refused = any(s is Signal.REFUSED for _, s in since)
+    if hb_idx is not None and refused and not untrusting:
+        return Verdict.DEAD, not removed
+    floor = max([start] + [t for t, s in history if s is Signal.OBSERVER_RESUMED])
+    last_hb = history[hb_idx][0] if hb_idx is not None else start
+    http_quiet = now - max(last_hb, floor)
+    beacons = [t for t, s in history if s is Signal.BEACON]
+    if beacons:
+        kafka_quiet = now - max(max(beacons), floor)
+        if http_quiet >= cfg.probe_window_s and kafka_quiet >= cfg.probe_window_s:
+            return Verdict.DEAD, not removed
+    if refused or http_quiet >= cfg.suspect_after_s:
+        return Verdict.SUSPECT, False
+    if hb_idx is None or any(s in (Signal.RESET, Signal.CONNECT_TIMEOUT) for _, s in since):
+        return Verdict.SUSPECT, False
+    return Verdict.ALIVE, False
+
+
+@settings(max_examples=1000)
+@given(
+    steps=st.lists(st.tuples(st.floats(0.0, 3.0), st.sampled_from(list(Signal))), max_size=40),
+    now_after=st.floats(0.0, 10.0),
+)
+def test_every_decision_follows_the_rules_over_any_history(steps, now_after):
+    history, t = [], 0.0
+    for dt, signal in steps:
+        t += dt
+        history.append((t, signal))
+    now = t + now_after
+    decision = decide(fold(history), now, CFG)
+    assert (decision.verdict, decision.remove) == rules(history, 0.0, now, CFG)
+
+
+def test_a_peer_not_heard_from_yet_is_only_suspect_however_fresh():
+    assert decide(new_peer(10.0), 10.0, CFG).verdict is Verdict.SUSPECT
+    state = observe(new_peer(10.0), Signal.HEARTBEAT, 10.2, CFG)
+    assert decide(state, 10.2, CFG).verdict is Verdict.ALIVE
