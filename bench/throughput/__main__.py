@@ -7,10 +7,11 @@
 One fresh broker; the commands are preloaded once into `bench-commands` (4 partitions) and
 every system reads that same topic with its own consumer group, one system at a time, in an
 order rotated between repeats so drift in machine load does not favour one of them. Medians
-of the repeats (at least 3) are reported. Then: a py-spy profile of one more Enhydra run,
-Enhydra's latency at half its measured maximum rate (and the raw rocksdict loop's at the same
-rate, as the reference for what this machine allows; the two alternate, medians of --repeat
-runs), and records/s as the number of keys grows (one run per point).
+of the repeats are reported. Then: a py-spy profile of one more Enhydra run, records/s as the
+number of keys grows, and Enhydra's latency at a quarter and half of its maximum rate
+(latency.py: its own fresh broker, the load generator pinned to its own core, the maximum
+measured again in that layout, medians of interleaved runs, the raw rocksdict loop at the same
+load as the reference for what this machine allows).
 
 Every system asked for must run: a competitor that is not installed stops the benchmark before
 it starts, and a system without --repeat successful runs makes it exit with an error.
@@ -98,7 +99,7 @@ def summarize(results: list[harness.Result]) -> dict:
     return out
 
 
-def ratios(summary: dict, lat: dict | None, lat_ref: dict | None = None) -> list[dict]:
+def ratios(summary: dict, lat: dict | None) -> list[dict]:
     """The issue's targets, each as Enhydra's figure, the reference's, the ratio and the bar."""
     rows = []
     enh = summary.get("enhydra", {})
@@ -172,26 +173,23 @@ def ratios(summary: dict, lat: dict | None, lat_ref: dict | None = None) -> list
             None,
             ratio=(ref / cost) if cost and ref else None,
         )
-    share = lat.get("load_percent", 50) if lat is not None else 50
-    if lat is not None:
-        add(
-            f"latency p99 at {share}% of max rate",
-            "target",
-            "ms",
-            lat["p99_ms"],
-            50.0,
-            1.0,
-            higher_is_better=False,
-        )
-    if lat is not None and lat_ref is not None:
-        add(
-            f"latency p99 at {share}% of max rate",
-            "raw aiokafka rocksdict + changelog, same load",
-            "ms",
-            lat["p99_ms"],
-            lat_ref["p99_ms"],
-            None,
-        )
+    rows_by = {(r["system"], r["load"]): r for r in (lat or {}).get("summary", [])}
+    for (system, load), row in rows_by.items():
+        if system != "enhydra":
+            continue
+        measure = f"latency p99 at {100 * load:.0f}% of max rate"
+        if row["target_ms"]:
+            add(measure, "target", "ms", row["p99_ms"], row["target_ms"], 1.0, False)
+        reference = rows_by.get(("raw-rocksdb", load))
+        if reference is not None:
+            add(
+                measure,
+                "raw aiokafka rocksdict + changelog, same load",
+                "ms",
+                row["p99_ms"],
+                reference["p99_ms"],
+                None,
+            )
     return rows
 
 
@@ -240,19 +238,8 @@ def print_report(data: dict) -> None:
             f"ratio Enhydra vs {r['reference']}, {r['measure']}: ours {r['ours']}, "
             f"reference {r['ref']}, ratio {ratio}{target}"
         )
-    for key, who in (("latency", "Enhydra"), ("latency_reference", "raw rocksdict loop")):
-        lat = data.get(key)
-        if not lat:
-            continue
-        runs = ", ".join(f"{v:.0f}" for v in lat.get("p99_runs_ms", [lat["p99_ms"]]))
-        print(
-            f"{who} latency at {lat['achieved_rate']:,.0f} commands/s (the median of "
-            f"{lat.get('runs', 1)} runs by p99; p99s {runs} ms): "
-            f"p50 {lat['p50_ms']:.0f} ms, "
-            f"p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms; after the first "
-            f"{lat['warmup_s']:.0f} s: p50 {lat['steady_p50_ms']:.0f} ms, "
-            f"p99 {lat['steady_p99_ms']:.0f} ms"
-        )
+    if data.get("latency"):
+        latency.print_report(data["latency"])
     if data.get("sweep"):
         print("\nrecords/s as keys grow:")
         for row in data["sweep"]:
@@ -326,51 +313,33 @@ async def run(args: argparse.Namespace) -> dict:
         data["summary"] = summarize(results)
         if args.profile and "enhydra" in systems:
             data["profile"] = await profile_run(bootstrap, root, args)
-        enh_rate = data["summary"].get("enhydra", {}).get("rate")
-        data["latency"] = data["latency_reference"] = None
-        if args.latency_seconds > 0 and enh_rate:
-            data.update(await latency_runs(bootstrap, root, args, systems, enh_rate))
         data["sweep"] = await sweep(bootstrap, root, args, systems, data["summary"])
         data["load_after"] = load_average()
-    data["ratios"] = ratios(data["summary"], data["latency"], data["latency_reference"])
+    data["latency"] = None
+    if args.latency_seconds > 0 and "enhydra" in systems:
+        data["latency"] = await latency.run(latency_args(args, systems))
+    data["ratios"] = ratios(data["summary"], data["latency"])
     return data
 
 
-async def latency_runs(
-    bootstrap: str, root: Path, args: argparse.Namespace, systems: list[str], enh_rate: float
-) -> dict:
-    """Enhydra's and the reference's latency, alternating, --repeat runs each.
-
-    Each system's row is its run with the median p99 (so every figure of a row comes from one
-    real run); all p99s are kept next to it.
-    """
+def latency_args(args: argparse.Namespace, systems: list[str]) -> argparse.Namespace:
+    """latency.py's options for this run: the same keys and repeats, its own defaults else."""
     chosen = [s for s in ("enhydra", "raw-rocksdb") if s in systems]
-    runs: dict[str, list[dict]] = {s: [] for s in chosen}
-    for run in range(args.repeat):
-        for system in chosen if run % 2 == 0 else chosen[::-1]:
-            lat = await latency.measure_latency(
-                bootstrap,
-                root,
-                system=system,
-                rate=enh_rate * args.latency_load,
-                seconds=args.latency_seconds,
-                keys=args.keys,
-                warmup_s=2.0 if args.quick else 5.0,
-                run=run,
-            )
-            runs[system].append(lat.as_dict())
-    out = {}
-    for system, key in (("enhydra", "latency"), ("raw-rocksdb", "latency_reference")):
-        if not runs.get(system):
-            continue
-        ordered = sorted(runs[system], key=lambda r: r["p99_ms"])
-        out[key] = {
-            **ordered[len(ordered) // 2],
-            "load_percent": round(100 * args.latency_load),
-            "runs": len(ordered),
-            "p99_runs_ms": [r["p99_ms"] for r in runs[system]],
-        }
-    return out
+    options = [
+        "--loads",
+        args.latency_loads,
+        "--seconds",
+        str(args.latency_seconds),
+        "--repeat",
+        str(args.repeat),
+        "--systems",
+        ",".join(chosen),
+        "--keys",
+        str(args.keys),
+        "--pin",
+        args.latency_pin,
+    ]
+    return latency.apply_defaults(latency.parser().parse_args(options))
 
 
 def throughput_problems(data: dict) -> list[str]:
@@ -466,7 +435,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cap", type=float, default=180, help="max seconds of processing per run")
     p.add_argument("--faust-cap", type=float, help="faust's cap (default 40 s, quick 10 s)")
     p.add_argument("--latency-seconds", type=float, help="latency run length (0: skip)")
-    p.add_argument("--latency-load", type=float, default=0.5, help="fraction of max rate")
+    p.add_argument("--latency-loads", default="0.25,0.5", help="fractions of the max rate")
+    p.add_argument("--latency-pin", choices=("split", "service", "none"), default="split")
     p.add_argument("--sweep-keys", help="key counts for the scaling plot (empty: skip)")
     p.add_argument("--sweep-systems", default="raw-dict,enhydra,quix")
     p.add_argument(

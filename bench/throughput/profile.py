@@ -75,8 +75,11 @@ def area(file: str) -> str:
     path = file.replace("\\", "/")
     for prefix, name in (
         ("enhydra/processing/core", "enhydra core: decide/apply loop, entries"),
-        ("enhydra/runner/checkpoint", "enhydra output: building/sending records"),
-        ("enhydra/processing/engine", "enhydra engine: batch plumbing"),
+        ("enhydra/processing/step", "enhydra step: output records"),
+        ("enhydra/contracts", "enhydra contracts: entry codec, headers"),
+        ("enhydra/runner/checkpoint", "enhydra checkpoint: publish, persist"),
+        ("enhydra/runner", "enhydra runner: batch loop"),
+        ("enhydra/processing", "enhydra processing: cache, engine"),
         ("enhydra/stores", "enhydra stores: RocksDB"),
         ("enhydra/", "enhydra other"),
         ("ledger/", "ledger domain (user code)"),

@@ -29,3 +29,28 @@ def test_clear_and_zero_capacity() -> None:
     off = EntryCache(0)
     off.persisted(entries("a", "b"))
     assert len(off) == 0 and off.get("a") is None
+
+
+def test_staged_entries_are_read_first_until_their_batch_is_persisted() -> None:
+    cache = EntryCache(10)
+    cache.persisted(entries("a", "b", offset=1))
+    first = entries("a", offset=2)  # a batch in flight
+    cache.stage(first)
+    assert cache.get("a") == Entry({"n": 2}, 2) and cache.get("b") == Entry({"n": 1}, 1)
+    second = entries("a", offset=3)  # the next batch, computed while the first flies
+    cache.stage(second)
+    cache.persisted(first)  # the first lands: the second's entry stays the one read
+    assert cache.get("a") == Entry({"n": 3}, 3)
+    cache.persisted(second)
+    assert cache.get("a") == Entry({"n": 3}, 3)
+    cache.clear()
+    assert cache.get("a") is None
+
+
+def test_staged_entries_are_read_with_the_cache_off() -> None:
+    off = EntryCache(0)
+    flying = entries("a", offset=5)
+    off.stage(flying)
+    assert off.get("a") == Entry({"n": 5}, 5)  # correctness does not depend on the capacity
+    off.persisted(flying)
+    assert off.get("a") is None and len(off) == 0

@@ -110,6 +110,7 @@ def process_batch(
     transient: tuple[type[BaseException], ...] = (),
     give_up: Mapping[int, int] | None = None,
     max_output_bytes: int = 1_000_000,
+    into: BatchResult | None = None,
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
@@ -121,8 +122,11 @@ def process_batch(
     processed as if it never came. An error of a `transient` type stops the batch at that
     record (`interrupted`) so it can be retried, unless its offset is in `give_up` (offset ->
     attempts made), which makes it an ordinary failure.
+
+    `into` continues the result of an earlier call, for a batch processed in slices: its
+    entries stay the batch's own, exactly as if the records had come in one call.
     """
-    result = BatchResult()
+    result = into if into is not None else BatchResult()
     changed = result.changed
     rejected = result.rejected
     emitted = result.emitted

@@ -8,7 +8,7 @@ with its origin, a log line, or a RecordFailed that stops the worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from enhydra.aggregate import BoundAggregate, dumps
@@ -47,6 +47,9 @@ class AggregateStep:
     """decide/apply for one partition's records (the runner's step for an aggregate)."""
 
     counters = ("events", "rejections", "skipped")
+    # The batch's entries are staged in the task's cache until durable (cache.py), so the
+    # runner may compute the next batch, or the next slice, while this one is published.
+    reads_unpersisted = True
 
     def __init__(
         self,
@@ -64,6 +67,21 @@ class AggregateStep:
         return EntryCache(self.settings.state_cache_entries)
 
     def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
+        run = self.slices(task, records, give_up, len(records) or 1)
+        while True:
+            try:
+                next(run)
+            except StopIteration as done:
+                return done.value
+
+    def slices(
+        self, task: Task, records: list[Any], give_up: Mapping[int, int], size: int
+    ) -> Generator[None, None, StepOutput]:
+        """The step over `size` records at a time, pausing between slices; returns its output.
+
+        The slices share one BatchResult, so the batch is the same as in one call; the runner
+        lets the event loop run at each pause.
+        """
         store = task.store
         cached = task.cache.get
 
@@ -76,15 +94,22 @@ class AggregateStep:
 
         s = self.settings
         agg = self.aggregate
-        result = process_batch(
-            agg.aggregate,
-            records,
-            load,
-            dedup_window=s.dedup_window,
-            transient=self.transient,
-            give_up=give_up,
-            max_output_bytes=s.max_output_bytes,
-        )
+        result = BatchResult()
+        for at in range(0, len(records), size):
+            if at:
+                yield
+            process_batch(
+                agg.aggregate,
+                records[at : at + size] if size < len(records) else records,
+                load,
+                dedup_window=s.dedup_window,
+                transient=self.transient,
+                give_up=give_up,
+                max_output_bytes=s.max_output_bytes,
+                into=result,
+            )
+            if result.interrupted is not None:
+                break
         outputs: dict[str, list[Out]] = {}
         events = event_outputs(result)
         if events:
@@ -99,6 +124,8 @@ class AggregateStep:
             outputs[s.dlq_topic] = letters
         interrupted = result.interrupted
         changed = result.changed
+        if changed:
+            task.cache.stage(changed)
         return StepOutput(
             outputs=outputs,
             puts=[(k.encode("utf-8"), encode_entry(e)) for k, e in changed.items()],

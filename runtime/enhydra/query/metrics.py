@@ -3,14 +3,21 @@
 Engine numbers are read at scrape time from the engine that runs now (it is replaced after a
 crash, so its counters restart at 0, which Prometheus' rate() treats as a counter reset). Only
 the request histogram lives here, because nothing else sees the requests.
+
+Latency, as Kafka Streams reports it (KIP-613), comes from the engine's own histograms:
+`enhydra_command_event_latency_seconds` is end-to-end, from a command record's timestamp until
+Kafka acknowledged its batch's outputs (its events, or its rejection), and
+`enhydra_batch_duration_seconds` splits a batch by phase: `process` (decide/apply, the pure
+step), `publish` (outputs sent until acknowledged), `durable` (then the changelog acknowledged
+and the store written).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from enhydra.runner import histogram
 from enhydra.runner.tasks import Role
 from enhydra.stores.partition import memory_usage as store_memory_usage
 
@@ -63,41 +70,30 @@ class Exposition:
         return "\n".join(lines) + "\n"
 
 
-class Histogram:
-    """A cumulative histogram per label set (route, method, code)."""
+class Histogram(histogram.Histogram):
+    """A named histogram per label set (route, method, code), ready for /metrics."""
 
     def __init__(self, name: str, help_text: str, buckets: Iterable[float] = BUCKETS) -> None:
+        super().__init__(tuple(buckets))
         self.name = name
         self.help_text = help_text
-        self.buckets = tuple(buckets)
-        self._series: dict[tuple[tuple[str, str], ...], list[float]] = {}
-
-    def observe(self, seconds: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = [0.0] * (len(self.buckets) + 2)  # buckets, sum, count
-        index = bisect.bisect_left(self.buckets, seconds)
-        if index < len(self.buckets):
-            series[index] += 1
-        series[-2] += seconds
-        series[-1] += 1
 
     def write(self, out: Exposition) -> None:
-        samples = out.family(self.name, "histogram", self.help_text)
-        for key, series in sorted(self._series.items()):
-            labels = dict(key)
-            running = 0.0
-            for bound, count in zip(self.buckets, series, strict=False):
-                running += count
-                samples.append(
-                    f"{self.name}_bucket{_labels({**labels, 'le': bound})} {int(running)}"
-                )
-            samples.append(
-                f"{self.name}_bucket{_labels({**labels, 'le': '+Inf'})} {int(series[-1])}"
-            )
-            samples.append(f"{self.name}_sum{_labels(labels)} {series[-2]!r}")
-            samples.append(f"{self.name}_count{_labels(labels)} {int(series[-1])}")
+        write_histogram(out, self.name, self.help_text, self)
+
+
+def write_histogram(
+    out: Exposition, name: str, help_text: str, hist: histogram.Histogram, **extra: object
+) -> None:
+    """A histogram's buckets, sum and count per label set; `extra` labels go on every sample."""
+    samples = out.family(name, "histogram", help_text)
+    for labels, cumulative, total, count in hist.series():
+        labels = {**extra, **labels}
+        for bound, running in zip(hist.buckets, cumulative, strict=True):
+            samples.append(f"{name}_bucket{_labels({**labels, 'le': bound})} {running}")
+        samples.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {count}")
+        samples.append(f"{name}_sum{_labels(labels)} {float(total)!r}")
+        samples.append(f"{name}_count{_labels(labels)} {count}")
 
 
 def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
@@ -194,6 +190,20 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
     )
     for partition, lag in sorted(engine.input_lag().items()):
         out.add("enhydra_consumer_lag_records", "gauge", "", lag, store=store, partition=partition)
+    write_histogram(
+        out,
+        "enhydra_command_event_latency_seconds",
+        "from a command's record timestamp until its outputs are acknowledged (KIP-613 e2e)",
+        engine.latency,
+        store=store,
+    )
+    write_histogram(
+        out,
+        "enhydra_batch_duration_seconds",
+        "time per batch by phase: process (decide/apply), publish (outputs), durable",
+        engine.batch_time,
+        store=store,
+    )
     used, limit = store_memory_usage()
     out.add(
         "enhydra_store_memory_bytes",

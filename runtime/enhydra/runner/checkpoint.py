@@ -21,6 +21,13 @@ exactly_once: Kafka transactions, one transactional producer per task whose id i
 the runner's prefix and the partition, so the next owner of a partition fences a zombie previous
 owner (aiokafka's TxnOffsetCommit carries no group generation). Outputs, changelog records and
 the input offsets commit together, inside the transaction.
+
+A batch on its way is a `Flight` (`begin` starts one): the runner computes the next batch while
+the previous one flies, and flights keep the order of batches at every step. A flight publishes
+its outputs only once the previous flight's outputs are acknowledged (exactly_once: once its
+transaction is committed), and sends its changelog records and writes the store only once the
+previous flight is done. So every topic and every store sees batches in input order, exactly as
+if they were made durable one after the other; a failed flight fails every flight after it.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -81,17 +88,60 @@ def _no_guard() -> None:
     """Exactly-once needs none: the next owner's transactions fence this producer."""
 
 
+# Retries a Kafka operation that failed with a transient error: (what, call, *args) -> result.
+Retrying = Callable[..., Awaitable[Any]]
+
+
+@dataclass(eq=False)
+class Flight:
+    """One batch on its way to durable; wall-clock times of its steps, for the metrics."""
+
+    published: asyncio.Future[None]  # its outputs are acknowledged: the next batch may publish
+    done: asyncio.Task[list[Written]] = field(init=False)  # changelog acknowledged, store written
+    sent_at: float = 0.0  # outputs handed to the producer
+    published_at: float = 0.0
+    done_at: float = 0.0
+
+
+def _begin(run: Callable[[Flight], Awaitable[list[Written]]]) -> Flight:
+    published: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    # A failure is raised from `done`; the same error on `published` is only for the next flight.
+    published.add_done_callback(lambda f: f.cancelled() or f.exception())
+    flight = Flight(published)
+    flight.done = asyncio.ensure_future(run(flight))
+    return flight
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    elif isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(error)
+
+
 class Checkpoint(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def open_task(self, partition: int) -> None: ...
     async def close_task(self, partition: int) -> None: ...
-    async def write(
+    def begin(
         self,
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
+        after: Flight | None,
         guard: Guard = _no_guard,
-    ) -> list[Written]: ...
+    ) -> Flight:
+        """Start making `batch` durable, in order after the flight `after` (None: the first).
+
+        `guard` is asked before each publish (at-least-once): it raises StaleBatch when this
+        process stalled and may have lost its tasks, so a zombie writes nothing more.
+        """
+        ...
+
     async def commit(self, force: bool = False) -> None: ...
 
 
@@ -123,19 +173,20 @@ def persist(written: list[tuple[PartitionWrite, int | None]], stores: Mapping[in
 
 async def send_in_batches(
     producer: Producer, records: Mapping[tuple[str, int], list[Out]]
-) -> list[tuple[tuple[str, int], asyncio.Future]]:
+) -> list[tuple[tuple[str, int], asyncio.Future, int]]:
     """Send records grouped per topic-partition as whole record batches.
 
     One future per batch instead of one coroutine and future per record: this is most of the
-    producer's per-record cost in Python. Each future resolves to (base metadata, count).
+    producer's per-record cost in Python. Returns (topic-partition, the future of the batch's
+    base metadata, its record count) per batch.
     """
     now_ms = int(time.time() * 1000)
-    sent: list[tuple[tuple[str, int], asyncio.Future]] = []
+    sent: list[tuple[tuple[str, int], asyncio.Future, int]] = []
 
     async def flush(tp: tuple[str, int], builder: object, count: int) -> None:
         builder.close()  # type: ignore[attr-defined]
         future = await producer.send_batch(builder, tp[0], partition=tp[1])
-        sent.append((tp, asyncio.ensure_future(_with_count(future, count))))
+        sent.append((tp, future, count))
 
     for tp, items in records.items():
         builder = producer.create_batch()
@@ -157,10 +208,6 @@ async def send_in_batches(
     return sent
 
 
-async def _with_count(future: asyncio.Future, count: int) -> tuple[object, int]:
-    return await future, count
-
-
 class AtLeastOnce:
     def __init__(
         self,
@@ -171,12 +218,14 @@ class AtLeastOnce:
         changelog_topic: str,
         output_topics: list[str],
         commit_offsets: Callable[[dict[TopicPartition, int]], Awaitable[None]],
+        retrying: Retrying,
     ) -> None:
         self.settings = settings
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
         self._commit_offsets = commit_offsets
+        self._retrying = retrying
         self._interval_s = settings.commit_interval_ms / 1000
         self._pending: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
@@ -197,41 +246,65 @@ class AtLeastOnce:
     async def close_task(self, partition: int) -> None:
         """Nothing per task: one producer serves them all."""
 
-    async def write(
+    def begin(
         self,
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
+        after: Flight | None,
         guard: Guard = _no_guard,
+    ) -> Flight:
+        return _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+
+    async def _fly(
+        self,
+        flight: Flight,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        after: Flight | None,
+        guard: Guard,
     ) -> list[Written]:
-        """Publish, then persist. `guard` is asked before each publish: a process that stalled
-        (and may have been removed from the group meanwhile) writes nothing more, so a zombie
-        never puts an old state into the changelog after the next owner's.
-        """
-        guard()
-        outputs = {
-            (topic, write.partition): records
-            for write in batch
-            for topic, records in write.outputs.items()
-            if records
-        }
-        acks = [future for _, future in await send_in_batches(self._producer, outputs)]
-        if acks:
-            await asyncio.gather(*acks)
-        guard()
+        """Publish, then persist; `guard` is asked before each publish."""
+        try:
+            if after is not None:
+                await after.published
+            guard()
+            outputs = {
+                (topic, write.partition): records
+                for write in batch
+                for topic, records in write.outputs.items()
+                if records
+            }
+            flight.sent_at = time.time()
+            if outputs:
+                await self._retrying("publish", self._publish, outputs)
+            flight.published_at = time.time()
+            _settle(flight.published)
+        except BaseException as exc:
+            _settle(flight.published, exc)
+            raise
+        if after is not None:
+            await after.done
+        guard()  # a zombie never puts an old state into the changelog after the next owner's
         changelog = {
             (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
             for w in batch
             if w.puts
         }
-        last: dict[int, int] = {}
-        for (_, partition), future in await send_in_batches(self._producer, changelog):
-            meta, count = await future
-            last[partition] = max(last.get(partition, -1), meta.offset + count - 1)
+        last = await self._retrying("publish", self._publish, changelog) if changelog else {}
         written = persist([(w, last.get(w.partition)) for w in batch], stores)
         for w in batch:
             if w.last_offset >= 0:
                 self._pending[TopicPartition(self.input_topic, w.partition)] = w.last_offset + 1
+        flight.done_at = time.time()
         return written
+
+    async def _publish(self, records: Mapping[tuple[str, int], list[Out]]) -> dict[int, int]:
+        """Send and wait for the acknowledgements: partition -> the last offset written."""
+        last: dict[int, int] = {}
+        for (_, partition), future, count in await send_in_batches(self._producer, records):
+            meta = await future
+            last[partition] = max(last.get(partition, -1), meta.offset + count - 1)
+        return last
 
     async def commit(self, force: bool = False) -> None:
         """Commit processed input offsets, at most every commit_interval_ms unless forced."""
@@ -261,8 +334,10 @@ class ExactlyOnce:
         input_topic: str,
         changelog_topic: str,
         output_topics: list[str],
+        retrying: Retrying,
     ) -> None:
         self.settings = settings
+        self._retrying = retrying
         self.client_id = client_id
         self.transactional_prefix = transactional_prefix
         self.group_id = group_id
@@ -297,14 +372,40 @@ class ExactlyOnce:
         if producer is not None:
             await close(producer)
 
-    async def write(
+    def begin(
         self,
         batch: list[PartitionWrite],
         stores: Mapping[int, PartitionStore],
+        after: Flight | None,
         guard: Guard = _no_guard,
+    ) -> Flight:
+        """`guard` is not needed: the next owner's transactions fence this producer."""
+        return _begin(lambda flight: self._fly(flight, batch, stores, after))
+
+    async def _fly(
+        self,
+        flight: Flight,
+        batch: list[PartitionWrite],
+        stores: Mapping[int, PartitionStore],
+        after: Flight | None,
     ) -> list[Written]:
-        offsets = await asyncio.gather(*(self._transaction(w) for w in batch))
-        return persist(list(zip(batch, offsets, strict=True)), stores)
+        """A task's producer runs one transaction at a time: a flight waits for the last one."""
+        try:
+            if after is not None:
+                await after.done
+            flight.sent_at = time.time()
+            offsets = await self._retrying("publish", self._transactions, batch)
+            flight.published_at = time.time()
+            _settle(flight.published)
+        except BaseException as exc:
+            _settle(flight.published, exc)
+            raise
+        written = persist(list(zip(batch, offsets, strict=True)), stores)
+        flight.done_at = time.time()
+        return written
+
+    async def _transactions(self, batch: list[PartitionWrite]) -> list[int | None]:
+        return list(await asyncio.gather(*(self._transaction(w) for w in batch)))
 
     async def _transaction(self, write: PartitionWrite) -> int | None:
         producer = self._producers[write.partition]

@@ -1,7 +1,18 @@
 """TaskRunner: consume an input topic in batches, run a pure step per partition, make it durable.
 
 A batch goes: fetch (up to max_batch_records) -> the step, per partition, pure -> the
-checkpoint (publish, persist, commit; checkpoint.py). Around it, what every engine needs:
+checkpoint (publish, persist, commit; checkpoint.py). When the step reads what earlier batches
+changed before they are durable (`reads_unpersisted`, the aggregate's step), two things keep
+latency low without giving up that order:
+
+- the step runs on slices of YIELD_EVERY records, and the loop yields between them, so the
+  producer's acknowledgements, fetches and heartbeats are handled during a long batch;
+- the batch's checkpoint flies (checkpoint.Flight) while the loop fetches and computes the
+  next batch; flights keep the batch order at every step, and at most one flies while the
+  next batch is computed. Everything that needs the state durable (a rebalance, a snapshot
+  cut, stop) lands the flights first.
+
+Around it, what every engine needs:
 
 - group membership: revocation suspends the revoked tasks (after a forced commit), assignment
   opens a store copy per task and hands it to the changelog reader, which restores it; the
@@ -20,7 +31,9 @@ projections/engine.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +54,14 @@ from enhydra.runner.checkpoint import (
     AtLeastOnce,
     Checkpoint,
     ExactlyOnce,
+    Flight,
     Out,
     PartitionWrite,
     Put,
     StaleBatch,
 )
 from enhydra.runner.cuts import Cuts
+from enhydra.runner.histogram import Histogram
 from enhydra.runner.rebalance import ForwardingListener
 from enhydra.runner.retries import RetryTracker
 from enhydra.runner.tasks import Role, Task, TaskStatus
@@ -60,6 +75,15 @@ STALL_TICK_S = 0.1
 
 class FencedInstance(RuntimeError):
     """Another process joined the group with this instance's id: two instances share one."""
+
+
+# Records the step takes between two yields to the event loop (~3 ms of decide/apply).
+YIELD_EVERY = 256
+# Flights that may still fly while the next batch is fetched and computed.
+IN_FLIGHT = 1
+# Steps of the event loop run at each yield: one step moves an acknowledgement one hop
+# (socket -> response -> request future -> batch future -> the flight waiting for it).
+YIELD_HOPS = 6
 
 
 @dataclass(slots=True)
@@ -76,8 +100,26 @@ class StepOutput:
     persisted: Callable[[], None] | None = None  # called once the batch is durable
 
 
+@dataclass(slots=True)
+class _Landing:
+    """A batch whose checkpoint flies: what to account for once it is durable."""
+
+    flight: Flight
+    work: list[tuple[Task, StepOutput, int]]
+    stamps: list[int]  # the input records' timestamps (ms), for the end-to-end latency
+    process_s: float  # time spent in the step
+
+
 class Step(Protocol):
-    """The pure part of a batch: one partition's records -> what to make durable."""
+    """The pure part of a batch: one partition's records -> what to make durable.
+
+    A step whose reads see the entries of its own earlier outputs before they are durable
+    (processing/cache.py keeps them staged) says so with `reads_unpersisted = True`, and may
+    offer `slices(task, records, give_up, size)`: a generator that pauses after every `size`
+    records and returns the StepOutput. The runner then lets the event loop run at each pause
+    and computes a batch while the previous one flies. Without them, a batch is one call and
+    is made durable before the next one is computed.
+    """
 
     counters: tuple[str, ...]  # the stats this step counts, in display order
 
@@ -145,9 +187,17 @@ class TaskRunner:
         # the group by its peers (failover/): the batch in hand is dropped, not written.
         self._stall_limit_s = settings.failure_probe_window_ms / 2000
         self._stalled = False
+        self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
         # Kafka clients need the running loop: they are created in start().
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
+        self._overlaps = bool(getattr(step, "reads_unpersisted", False))
+        self._slices = self._overlaps and hasattr(step, "slices")
+        self._flights: deque[_Landing] = deque()
+        self._last_flight: Flight | None = None
+        # seconds from a command's timestamp to its outputs acknowledged; per batch by phase
+        self.latency = Histogram()
+        self.batch_time = Histogram()
 
     # to configure --------------------------------------------------------------------------
     def topic_specs(self) -> list[TopicSpec]:
@@ -224,6 +274,7 @@ class TaskRunner:
                 input_topic=self.input_topic,
                 changelog_topic=self.changelog_topic,
                 output_topics=self.output_topics,
+                retrying=self._retrying,
             )
         return AtLeastOnce(
             s,
@@ -232,6 +283,7 @@ class TaskRunner:
             changelog_topic=self.changelog_topic,
             output_topics=self.output_topics,
             commit_offsets=self._commit_offsets,
+            retrying=self._retrying,
         )
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
@@ -257,6 +309,8 @@ class TaskRunner:
         if self._consumer is not None:
             if self._checkpoint is not None:
                 async with self._lock:
+                    with contextlib.suppress(Exception):  # a failed flight is already reported
+                        await self._land()
                     await self._checkpoint.commit(force=True)
             if self.leave_on_stop and self.settings.static_membership:
                 await self._leave()
@@ -361,6 +415,7 @@ class TaskRunner:
         self.rebalancing = True
         assert self._reader is not None and self._checkpoint is not None
         async with self._lock:
+            await self._land()
             await self._checkpoint.commit(force=True)
             for tp in revoked:
                 task = self.tasks.get(tp.partition)
@@ -382,6 +437,7 @@ class TaskRunner:
         roles.update({p: Role.ACTIVE for p in active})
         assert self._reader is not None and self._checkpoint is not None
         async with self._lock:
+            await self._land()  # revocation landed them already; a task may close below
             for partition in [p for p in self.tasks if p not in roles]:
                 await self._close_task(partition)
             for partition, role in sorted(roles.items()):
@@ -493,6 +549,7 @@ class TaskRunner:
             while not self._stopping.is_set():
                 if self._reader.failure is not None:
                     raise self._reader.failure
+                await self._land(keep=len(self._flights))  # account for what has landed
                 batch = await self._consumer.getmany(
                     timeout_ms=100, max_records=self.settings.max_batch_records
                 )
@@ -500,16 +557,23 @@ class TaskRunner:
                     async with self._lock:
                         await self._process(batch)
                 if self._stalled:
+                    async with self._lock:
+                        await self._land()  # flights in the air stop at the guard, are dropped
                     # Let the group's next heartbeat say whether the tasks are still ours.
                     await asyncio.sleep(2 * self.settings.heartbeat_interval_ms / 1000)
                     self._stalled = False
+                    self._rewinds.clear()
                 if self.cuts.pending:
                     async with self._lock:
+                        await self._land()  # a cut needs the state durable up to it
                         serving = {p for p, t in self.tasks.items() if t.serving}
                         await self.cuts.settle(self._consumer, self.input_topic, serving)
                 async with self._lock:
                     await self._checkpoint.commit()
+            async with self._lock:
+                await self._land()
         except asyncio.CancelledError:
+            await self._abandon()
             raise
         except Exception as exc:
             if self.settings.static_membership and fenced(exc):
@@ -519,6 +583,7 @@ class TaskRunner:
                     "ENHYDRA_INSTANCE_ID"
                 )
             self._fail(exc)
+            await self._abandon()
             raise exc from None
 
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
@@ -526,10 +591,14 @@ class TaskRunner:
         checkpoint = self._checkpoint
         assert consumer is not None and checkpoint is not None
         if self._stalled:
-            await self._drop_stale(batch)
+            await self._land()  # rewinds to the first batch not yet durable, if any
+            self._drop_stale({tp: records[0].offset for tp, records in batch.items() if records})
             return
         step = self.step
+        slices = YIELD_EVERY if self._slices else 0
         work: list[tuple[Task, StepOutput, int]] = []
+        stamps: list[int] = []
+        busy = 0.0
         for tp, records in batch.items():
             task = self.tasks.get(tp.partition)
             if task is None or not task.serving:
@@ -541,23 +610,82 @@ class TaskRunner:
                 records = self.cuts.hold(consumer, tp, records)
                 if not records:
                     continue
-            out = step(task, records, self._retries.give_up(tp.partition))
-            if out.interrupted is not None:
+            give_up = self._retries.give_up(tp.partition)
+            started = time.perf_counter()
+            if slices:
+                run = step.slices(task, records, give_up, slices)  # type: ignore[attr-defined]
+                while True:
+                    try:
+                        next(run)
+                    except StopIteration as done:
+                        out = done.value
+                        break
+                    busy += time.perf_counter() - started
+                    await _yield_to_io()
+                    started = time.perf_counter()
+            else:
+                out = step(task, records, give_up)
+            busy += time.perf_counter() - started
+            if out.interrupted is None:
+                stamps += [r.timestamp for r in records]
+            else:
                 self._retry_later(tp, *out.interrupted)
+                stamps += [r.timestamp for r in records if r.offset <= out.last_offset]
             work.append((task, out, records[0].offset))
+            if slices:
+                await _yield_to_io()
         if not work:
             return
         writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
         stores = {task.partition: task.store for task, _, _ in work}
-        try:
-            await self._retrying("publish", checkpoint.write, writes, stores, self._guard)
-        except StaleBatch:
-            await self._drop_stale(
-                {tp: records for tp, records in batch.items() if tp.partition in stores}
-            )
-            return
+        flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
+        self._last_flight = flight
+        self._flights.append(_Landing(flight, work, stamps, busy))
+        if self._overlaps:
+            # The flight hands its outputs to the producer now, not at the next batch's first
+            # pause; then one flight may fly while the next batch is fetched and computed.
+            await _yield_to_io()
+            await self._land(keep=IN_FLIGHT)
+        else:
+            await self._land()
+
+    async def _land(self, keep: int = 0) -> None:
+        """Account for the flights that are done, waiting until at most `keep` still fly.
+
+        A flight's failure is the runner's failure: raised here, and reported. A flight stopped
+        by the stall guard is not: its batch is read again (and every later flight stops too,
+        as each waits for the one before it).
+        """
+        flights = self._flights
+        while flights:
+            head = flights[0]
+            if len(flights) <= keep and not head.flight.done.done():
+                return
+            flights.popleft()
+            try:
+                await head.flight.done
+            except StaleBatch:
+                self._drop_landing(head)
+                continue
+            except Exception as exc:
+                self._fail(exc)
+                raise
+            self._account(head)
+
+    async def _abandon(self) -> None:
+        """The runner stops on a failure or a cancel: flights still flying are cancelled."""
+        flights = [landing.flight.done for landing in self._flights]
+        self._flights.clear()
+        self._last_flight = None  # a cancelled flight must not hold back a later one
+        for done in flights:
+            done.cancel()
+        if flights:
+            await asyncio.gather(*flights, return_exceptions=True)
+
+    def _account(self, landing: _Landing) -> None:
+        """A batch is durable: its stats, its cache entries, its metrics."""
         stats = self.stats
-        for task, out, first in work:
+        for task, out, first in landing.work:
             if out.persisted is not None:
                 out.persisted()
             count = out.last_offset - first + 1
@@ -569,6 +697,11 @@ class TaskRunner:
             for key in out.failed:
                 self.failures[key] = self.failures.get(key, 0) + 1
         stats["batches"] += 1
+        flight = landing.flight
+        self.batch_time.observe(landing.process_s, phase="process")
+        self.batch_time.observe(flight.published_at - flight.sent_at, phase="publish")
+        self.batch_time.observe(flight.done_at - flight.published_at, phase="durable")
+        self.latency.observe_since(flight.published_at * 1000, landing.stamps, per_second=1000)
 
     async def _watch_stalls(self) -> None:
         """Notice when this process did not run for a while (it cannot notice while frozen)."""
@@ -585,13 +718,27 @@ class TaskRunner:
         if self._stalled:
             raise StaleBatch("the process stalled while the batch was in hand")
 
-    async def _drop_stale(self, batch: Mapping[TopicPartition, list]) -> None:
-        """Read the batch again later, and give the group a heartbeat to say who owns what."""
+    def _drop_stale(self, firsts: Mapping[TopicPartition, int]) -> None:
+        """Read these partitions again from these offsets later, and give the group a heartbeat
+        to say who owns what. A later drop never moves a partition past an earlier one."""
         assert self._consumer is not None
-        for tp, records in batch.items():
-            if records and tp in self._consumer.assignment():
-                self._consumer.seek(tp, records[0].offset)
-        self.log.warning("batch dropped after a stall; reading it again", partitions=len(batch))
+        assignment = self._consumer.assignment()
+        for tp, offset in firsts.items():
+            offset = self._rewinds[tp] = min(offset, self._rewinds.get(tp, offset))
+            if tp in assignment:
+                self._consumer.seek(tp, offset)
+        self.log.warning("batch dropped after a stall; reading it again", partitions=len(firsts))
+
+    def _drop_landing(self, landing: _Landing) -> None:
+        """A flight the stall guard stopped: its batch is read again, from the store's state.
+
+        Its entries (and any later batch's) were staged in the task caches: dropped with them.
+        """
+        firsts: dict[TopicPartition, int] = {}
+        for task, _, first in landing.work:
+            task.clear_cache()
+            firsts[TopicPartition(self.input_topic, task.partition)] = first
+        self._drop_stale(firsts)
 
     def _retry_later(self, tp: TopicPartition, offset: int, error: BaseException) -> None:
         """A transient error: rewind to the record and pause the partition for a backoff."""
@@ -635,3 +782,9 @@ class TaskRunner:
                 self.log.warning(f"{what} timed out; retrying", error=repr(exc), backoff_s=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+
+async def _yield_to_io() -> None:
+    """Let the event loop run what is ready (acknowledgements, fetches, heartbeats)."""
+    for _ in range(YIELD_HOPS):
+        await asyncio.sleep(0)

@@ -5,6 +5,12 @@ offset of the last changelog record it contains. Keeping the checkpoint in the s
 written in the same WriteBatch as the data, means a restart with the state dir kept restores
 only the changelog tail after that offset, and a crash can never leave the two disagreeing.
 
+RocksDB's own write-ahead log is off (Kafka Streams does the same): the changelog already is the
+log. A crash loses what was written since the last memtable flush, and since the checkpoint is
+in the same flush as the data (atomic flush across both column families), the store comes back
+at an older but consistent checkpoint and restores a longer changelog tail. The memory budget
+bounds how much that can be. A clean close flushes everything.
+
 Next to the checkpoint, the database remembers a digest of the last changelog record it wrote
 (`last_record`): an offset alone cannot tell the changelog it came from apart from a changelog
 deleted and recreated since (a reset, a snapshot restore) that has grown past that offset.
@@ -28,6 +34,7 @@ from rocksdict import (
     SstFileWriter,
     WriteBatch,
     WriteBufferManager,
+    WriteOptions,
 )
 
 META_FAMILY = "enhydra_meta"
@@ -88,6 +95,8 @@ def _options() -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    # Without a WAL, data and checkpoints must reach disk in the same flush.
+    options.set_atomic_flush(True)
     options.set_write_buffer_manager(_budget.manager)
     # A memtable reserves memory in blocks of an eighth of its size: small memtables keep
     # the reservations, and so the real use, close to the budget.
@@ -96,6 +105,15 @@ def _options() -> Options:
     table.set_block_cache(_budget.cache)
     options.set_block_based_table_factory(table)
     return options
+
+
+def _write_options() -> WriteOptions:
+    options = WriteOptions()
+    options.disable_wal = True  # the changelog is the log (see the module docstring)
+    return options
+
+
+_WRITE = _write_options()
 
 
 def record_digest(key: bytes, value: bytes | None) -> str:
@@ -185,7 +203,7 @@ class PartitionStore:
                 batch.put(LAST_RECORD, mark.encode(), self._meta_handle)
         if input_offset is not None:
             batch.put(INPUT_OFFSET, str(input_offset).encode(), self._meta_handle)
-        self._db.write(batch)
+        self._db.write(batch, _WRITE)
 
     def ingest_sorted(
         self, chunks: Iterable[tuple[list[bytes], list[bytes]]], *, input_offset: int | None = None
@@ -217,9 +235,13 @@ class PartitionStore:
         return rows
 
     def close(self) -> None:
-        """Release the RocksDB lock; every handle must be gone before it is released."""
+        """Flush and release the RocksDB lock; every handle must be gone before it is released."""
         if self._db is None:
             return
+        # Data before checkpoints: a crash between the two leaves data ahead of its checkpoint,
+        # which a restore overwrites with the same values, never a checkpoint ahead of its data.
+        self._db.flush(True)
+        self._meta.flush(True)
         self._meta.close()
         self._db.close()
         self._db = self._meta = self._meta_handle = None  # type: ignore[assignment]
