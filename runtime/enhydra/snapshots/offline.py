@@ -134,7 +134,7 @@ async def _load_changelog(
     async with open_producer(conn, **producer_settings) as producer:
         # Whole record batches per call (send_in_batches), a batch of the file at a time; the
         # acknowledgements of one are awaited while the next is sent, so memory stays bounded.
-        waiting: list[asyncio.Future] = []
+        waiting: list[tuple[asyncio.Future, int]] = []
         for partition in sorted(snapshot.partitions):
             batches = snapshot.iter_batches(partition, ["key", "value"])
             for batch in read_ahead(batches):
@@ -146,14 +146,18 @@ async def _load_changelog(
                 records = list(zip(batch.column(0).to_pylist(), values.to_pylist(), repeat(None)))
                 sent = await send_in_batches(producer, {(changelog, partition): records})
                 rows += len(records)
-                for _, count in await asyncio.gather(*waiting):
-                    if progress is not None:
-                        progress(count)
-                waiting = [future for _, future in sent]
-        for _, count in await asyncio.gather(*waiting):
-            if progress is not None:
-                progress(count)
+                await _acknowledged(waiting, progress)
+                waiting = [(future, count) for _, future, count in sent]
+        await _acknowledged(waiting, progress)
     return rows
+
+
+async def _acknowledged(sent: list[tuple[asyncio.Future, int]], progress: Progress | None) -> None:
+    """Wait for sent batches; progress advances by each batch's records once it is acked."""
+    await asyncio.gather(*(future for future, _ in sent))
+    if progress is not None:
+        for _, count in sent:
+            progress(count)
 
 
 async def clone(
