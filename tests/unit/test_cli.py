@@ -26,10 +26,6 @@ from enhydra.cli.main import main
 from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.snapshots import Cut, SnapshotWriter
 
-# Converted to click in the Spark work (it passes its arguments to the job's own parser until
-# then); the lead drops this exception when merging that work.
-NOT_YET_CLICK = {"enhydra backfill"}
-
 
 def commands(
     group: click.Group = main, path: str = "enhydra"
@@ -42,7 +38,7 @@ def commands(
             yield f"{path} {name}", command
 
 
-ALL = [(path, command) for path, command in commands() if path not in NOT_YET_CLICK]
+ALL = list(commands())
 
 
 def help_of(path: str) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from enhydra.cli.common import app_option, deprecated_option
+
 EXAMPLES = """
 \b
 Examples:
@@ -33,8 +35,8 @@ METHODS = ("auto", "kafka", "python")
 
 def _options() -> list[Callable[[Any], Any]]:
     return [
-        click.option("--app", "app_id", help="Application id [default: the service's]."),
-        click.option("--app-id", "old_app_id", hidden=True),  # the flag's earlier name
+        app_option(required=False, help="Application id [default: the service's]."),
+        deprecated_option("--app-id", "old_app_id", "use --app"),
         click.option(
             "--bootstrap",
             envvar="ENHYDRA_BOOTSTRAP_SERVERS",
