@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
-from enhydra.broker.local import _file_lock, cache_root
+from enhydra.devtools.broker import _file_lock, cache_root
 from enhydra.snapshots import open_snapshot
 from enhydra.testing.processes import free_port, http_get, produce_json, wait_for_committed
 from ledger.workload import generate, model
