@@ -69,8 +69,9 @@ def test_an_unreachable_broker_fails_fast_without_spark() -> None:
     started = time.monotonic()
     address = f"127.0.0.1:{free_port()}"
     code, output = run("ledger.service:service", "--output", "o", "--bootstrap", address)
-    assert code == 1
-    assert f"cannot reach Kafka at {address}" in output and "--bootstrap" in output
+    assert code == 3
+    assert output.splitlines()[0] == f"Error: cannot reach Kafka at {address}: connection refused"
+    assert "ENHYDRA_BOOTSTRAP_SERVERS" in output and len(output.splitlines()) == 2
     assert time.monotonic() - started < 20
 
 
@@ -78,7 +79,15 @@ def test_the_bootstrap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     address = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("ENHYDRA_BOOTSTRAP_SERVERS", address)
     code, output = run("ledger.service:service", "--output", "o")
-    assert code == 1 and f"cannot reach Kafka at {address}" in output
+    assert code == 3 and f"cannot reach Kafka at {address}" in output
+
+
+def test_a_bad_security_setting_is_one_line_before_kafka_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ENHYDRA_SECURITY_PROTOCOL", "SASL_SSL")
+    code, output = run("ledger.service:service", "--output", "o")
+    assert code == 2 and "ENHYDRA_SASL_MECHANISM" in output and "Traceback" not in output
 
 
 def test_help_names_the_environment_variable_and_shows_an_example() -> None:

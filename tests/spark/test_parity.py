@@ -144,7 +144,7 @@ def test_snapshot_holds_the_live_entries_and_loads_into_stores(
     result = run_backfill(
         spark,
         TARGET,
-        bootstrap=ledger_run.bootstrap,
+        connection=ledger_run.bootstrap,
         app_id=app_id,
         snapshot=tmp_path / "snap",
         output=str(tmp_path / "state.parquet"),
@@ -264,7 +264,7 @@ def test_corrected_events_are_re_emitted_in_key_order(
     result = run_backfill(
         spark,
         TARGET,
-        bootstrap=ledger_run.bootstrap,
+        connection=ledger_run.bootstrap,
         app_id=ledger_run.app_id,
         emit_events=target,
         method=method,
@@ -288,7 +288,7 @@ def test_a_new_version_cloned_from_the_spark_snapshot_continues_from_the_cut(
 
     app_id = ledger_run.app_id
     run_backfill(
-        spark, TARGET, bootstrap=ledger_run.bootstrap, app_id=app_id, snapshot=tmp_path / "snap"
+        spark, TARGET, connection=ledger_run.bootstrap, app_id=app_id, snapshot=tmp_path / "snap"
     )
     snap = open_snapshot(tmp_path / "snap")
     v2 = f"{app_id}-v2"

@@ -3,22 +3,39 @@
 Every generated service's `jobs/backfill.py` runs this same command with its target fixed
 (`main`), so `enhydra backfill ledger.service:service --help` and `python jobs/backfill.py
 --help` list the same options. Everything a user can get wrong (the target, the bounds, the
-output paths) is checked before Spark starts; Spark's own log goes to a file unless
---spark-logs, and progress is printed on stderr while the job runs.
+output paths, Kafka and its credentials) is checked before Spark starts; Spark's own log goes
+to a file unless --spark-logs, and progress is printed on stderr while the job runs.
+
+Kafka is reached like by every other command: `--bootstrap` (else the service's) with TLS and
+SASL from the ENHYDRA_* variables; Kafka that cannot be used ends the command with exit 3.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
-from enhydra.cli.common import app_option, deprecated_option
+from enhydra.cli.common import (
+    EXIT_KAFKA,
+    EXIT_USAGE,
+    app_option,
+    debugging,
+    deprecated_option,
+    fail,
+    kafka_options,
+)
+
+if TYPE_CHECKING:
+    from enhydra.settings import Connection
 
 EXAMPLES = """
 \b
@@ -37,12 +54,7 @@ def _options() -> list[Callable[[Any], Any]]:
     return [
         app_option(required=False, help="Application id [default: the service's]."),
         deprecated_option("--app-id", "old_app_id", "use --app"),
-        click.option(
-            "--bootstrap",
-            envvar="ENHYDRA_BOOTSTRAP_SERVERS",
-            show_envvar=True,
-            help="Kafka bootstrap servers [default: the service's].",
-        ),
+        kafka_options,
         click.option(
             "--until-time",
             metavar="TIME",
@@ -99,6 +111,11 @@ def _options() -> list[Callable[[Any], Any]]:
 def _command(target: str | None, pythonpath: Sequence[str]) -> click.Command:
     def callback(**opts: Any) -> None:
         opts["app_id"] = opts["app_id"] or opts.pop("old_app_id")
+        source = click.get_current_context().get_parameter_source("conn")
+        opts["bootstrap_given"] = source in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.ENVIRONMENT,
+        )
         _run(opts.pop("target", None) or target, opts, pythonpath)
 
     for option in reversed(_options()):
@@ -131,6 +148,21 @@ def _check_writable(path: Path, option: str) -> None:
         raise click.BadParameter(f"{path}: {existing} is a file", param_hint=option)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise click.BadParameter(f"{path}: {existing} is not writable", param_hint=option)
+
+
+def _connection(service: Connection | None, opts: dict[str, Any]) -> Connection:
+    """The service's connection (its settings: code defaults, then ENHYDRA_*) with --bootstrap
+    (or ENHYDRA_BOOTSTRAP_SERVERS) on top; for an Aggregate, the flag's and the environment's."""
+    if service is None:
+        return opts["conn"]
+    if not opts["bootstrap_given"]:
+        return service
+    from_file = service.sasl_password_file is not None  # read again from the file
+    return dataclasses.replace(
+        service,
+        bootstrap_servers=opts["conn"].bootstrap_servers,
+        sasl_password="" if from_file else service.sasl_password,
+    )
 
 
 def _prepare(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> dict[str, Any]:
@@ -186,6 +218,9 @@ def _prepare(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> di
         raise click.UsageError("--tasks sets the tasks after a shuffle: drop --no-shuffle")
     return {
         "paths": paths,
+        # A Service's own connection (its settings read ENHYDRA_* and the flag), else the
+        # flag's and the environment's: the same variables as every other command.
+        "connection": _connection(info.connection, opts),
         "until_offsets": until_offsets,
         "until_time": until_time,
         "conf": conf,
@@ -212,6 +247,14 @@ def _start_spark(master: str | None, conf: dict[str, str], paths: list[str], jvm
     return session, True
 
 
+_KAFKA_JVM_ERRORS = (
+    "SaslAuthenticationException",
+    "SslAuthenticationException",
+    "TopicAuthorizationException",
+    "GroupAuthorizationException",
+)
+
+
 def _spark_failure(exc: BaseException) -> str | None:
     """The one line that says why a Spark job failed (an executor's FoldError, say)."""
     text = str(exc)
@@ -219,6 +262,13 @@ def _spark_failure(exc: BaseException) -> str | None:
         lines = [line for line in text.splitlines() if marker in line]
         if lines:
             return lines[-1].split(marker, 1)[1].strip()
+    for marker in _KAFKA_JVM_ERRORS:  # Spark's Kafka connector (Kafka's Java client)
+        lines = [line for line in text.splitlines() if marker + ": " in line]
+        if lines:
+            return (
+                f"Spark's Kafka connector: {marker}: {lines[-1].split(marker + ': ', 1)[1]} "
+                "(check ENHYDRA_SECURITY_PROTOCOL, ENHYDRA_SASL_* and ENHYDRA_SSL_*)"
+            )
     module = [line for line in text.splitlines() if "ModuleNotFoundError: " in line]
     if module:
         return module[-1].strip() + (
@@ -232,19 +282,22 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
     from enhydra.logs import configure_logging
 
     configure_logging(fmt=os.environ.get("ENHYDRA_LOG_FORMAT") or "auto")
+    if not debugging():  # aiokafka's own error lines repeat what the one-line error explains
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     prepared = _prepare(target, opts, pythonpath)
 
-    from enhydra.kafka.errors import KafkaAccessError
+    from enhydra.kafka.errors import KafkaAccessError, scrub
+    from enhydra.settings import SettingsError
     from enhydra.snapshots.format import SnapshotError
     from enhydra.spark.fold import FoldError
     from enhydra.spark.job import BackfillError, execute_backfill, plan_backfill, summary
     from enhydra.spark.source import SourceError
 
-    known = (BackfillError, SourceError, SnapshotError, FoldError, KafkaAccessError)
+    known = (BackfillError, SourceError, SnapshotError, FoldError)
     try:  # Kafka's offsets and the snapshot directory, still before Spark starts
         plan = plan_backfill(
             target,
-            bootstrap=opts["bootstrap"],
+            connection=prepared["connection"],
             app_id=opts["app_id"],
             until_offsets=prepared["until_offsets"],
             until_time=prepared["until_time"],
@@ -257,6 +310,10 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
         )
     except known as exc:
         raise click.ClickException(str(exc)) from exc
+    except KafkaAccessError as exc:  # unreachable, refused credentials: exit 3, like every tool
+        fail(exc.lines(), EXIT_KAFKA, exc)
+    except SettingsError as exc:  # e.g. a TLS file Spark's Kafka connector cannot use
+        fail([str(exc)], EXIT_USAGE, exc)
     jvm_log = None
     if not opts["spark_logs"]:
         jvm_log = Path(tempfile.gettempdir()) / f"enhydra-backfill-{os.getpid()}-spark.log"
@@ -266,10 +323,13 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
         result = execute_backfill(spark, plan)
     except known as exc:
         raise click.ClickException(str(exc)) from exc
+    except KafkaAccessError as exc:
+        fail(exc.lines(), EXIT_KAFKA, exc)
     except Exception as exc:
         reason = _spark_failure(exc)
         if reason is None:
             raise
+        reason = scrub(reason, plan.connection)
         raise click.ClickException(f"the Spark job failed: {reason}{hint}") from exc
     finally:
         if owned:

@@ -27,7 +27,9 @@ from typing import Any
 
 from enhydra.aggregate import Aggregate
 from enhydra.contracts.fingerprint import store_fingerprint
+from enhydra.kafka.clients import as_connection
 from enhydra.logs import get_logger
+from enhydra.settings import Connection
 from enhydra.snapshots.format import (
     Cut,
     Manifest,
@@ -38,7 +40,14 @@ from enhydra.spark.fold import FoldError, fold_events, load_aggregate
 from enhydra.spark.partition_files import FILE_DDL, SnapshotPartitions
 from enhydra.spark.session import is_local
 from enhydra.spark.ship import ship
-from enhydra.spark.source import METHODS, OffsetRange, read_events, resolve_ranges
+from enhydra.spark.source import (
+    METHODS,
+    OffsetRange,
+    SourceError,
+    jvm_options,
+    read_events,
+    resolve_ranges,
+)
 
 log = get_logger("enhydra.backfill")
 
@@ -73,7 +82,7 @@ class Target:
     aggregate: Aggregate
     app_id: str | None
     dedup_window: int
-    bootstrap: str | None
+    connection: Connection | None  # a Service's (its settings: code defaults, then ENHYDRA_*)
 
 
 def resolve_target(spec: str) -> Target:
@@ -92,7 +101,7 @@ def resolve_target(spec: str) -> Target:
             s = obj.settings
         except SettingsError as exc:
             raise BackfillError(f"{spec}: {exc}") from exc
-        return Target(spec, aggregate, s.app_id, s.dedup_window, s.bootstrap_servers)
+        return Target(spec, aggregate, s.app_id, s.dedup_window, s.connection)
     return Target(spec, aggregate, None, 100, None)
 
 
@@ -221,7 +230,7 @@ class BackfillPlan:
 
     info: Target
     app_id: str
-    bootstrap: str
+    connection: Connection
     bound: Any  # BoundAggregate
     window: int
     ranges: list[OffsetRange]
@@ -238,7 +247,7 @@ class BackfillPlan:
 def plan_backfill(
     target: str,
     *,
-    bootstrap: str | None = None,
+    connection: Connection | str | None = None,
     app_id: str | None = None,
     until_offsets: Mapping[int, int] | None = None,
     until_time: datetime | None = None,
@@ -251,18 +260,26 @@ def plan_backfill(
     emit_events: str | None = None,
 ) -> BackfillPlan:
     """Check the request and fix the offsets to read, without Spark: a mistake (target, app,
-    Kafka address, bounds, an existing snapshot) ends here, before a JVM starts."""
+    Kafka address or credentials, bounds, an existing snapshot) ends here, before a JVM starts.
+
+    `connection` (a Connection with TLS/SASL, or a PLAINTEXT bootstrap string) defaults to the
+    service's; Kafka that cannot be used raises enhydra.kafka's KafkaAccessError.
+    """
     if output is None and snapshot is None and emit_events is None:
         raise BackfillError("nothing to write: give --output, --snapshot and/or --emit-events")
     if method not in METHODS:
         raise BackfillError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
     info = resolve_target(target)
     app_id = app_id or info.app_id
-    bootstrap = bootstrap or info.bootstrap
     if not app_id:
         raise BackfillError(f"{target} is an Aggregate: give the application id (--app)")
-    if not bootstrap:
+    if connection is None and info.connection is None:
         raise BackfillError("give the Kafka bootstrap servers (--bootstrap)")
+    conn = info.connection if connection is None else as_connection(connection)
+    try:  # OAUTHBEARER with --method kafka, or a TLS file Spark's connector cannot use
+        jvm_options(conn, method, None)
+    except SourceError as exc:
+        raise BackfillError(str(exc)) from None
     window = info.dedup_window if dedup_window is None else dedup_window
     bound = info.aggregate.bind(app_id)
     if emit_events is not None and emit_events == bound.events_topic:
@@ -271,7 +288,7 @@ def plan_backfill(
         )
     started = time.monotonic()
     ranges = resolve_ranges(
-        bootstrap, bound.events_topic, until_offsets=until_offsets, until_time=until_time
+        conn, bound.events_topic, until_offsets=until_offsets, until_time=until_time
     )
     writer = None
     if snapshot is not None:  # refuses an existing snapshot before Spark does any work
@@ -291,7 +308,7 @@ def plan_backfill(
     return BackfillPlan(
         info=info,
         app_id=app_id,
-        bootstrap=bootstrap,
+        connection=conn,
         bound=bound,
         window=window,
         ranges=ranges,
@@ -329,6 +346,7 @@ def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
         app_id=plan.app_id,
         events_topic=bound.events_topic,
         events=total,
+        kafka=plan.connection.describe(),
         ranges={r.partition: [r.start, r.end] for r in ranges},
         fold="in place" if layout.in_place else "shuffled by key",
         why=layout.reason,
@@ -391,7 +409,7 @@ def _read(spark: Any, plan: BackfillPlan, layout: Layout) -> Any:
     return read_events(
         spark,
         plan.bound.events_topic,
-        plan.bootstrap,
+        plan.connection,
         method=plan.method,
         ranges=plan.ranges,
         split_records=layout.split_records,
@@ -403,7 +421,7 @@ def _emit(spark: Any, plan: BackfillPlan, layout: Layout) -> int:
     from enhydra.spark.sink import ensure_topic, write_events
 
     assert plan.emit_events is not None
-    ensure_topic(plan.bootstrap, plan.emit_events, len(plan.ranges))
+    ensure_topic(plan.connection, plan.emit_events, len(plan.ranges))
     corrected = corrected_events(
         _read(spark, plan, layout),
         plan.info.aggregate,
@@ -411,7 +429,7 @@ def _emit(spark: Any, plan: BackfillPlan, layout: Layout) -> int:
         tasks=layout.tasks,
         shuffle=not layout.in_place,
     )
-    return write_events(spark, corrected, plan.emit_events, plan.bootstrap, method=plan.method)
+    return write_events(spark, corrected, plan.emit_events, plan.connection, method=plan.method)
 
 
 def _rate(count: int, since: float) -> dict[str, Any]:

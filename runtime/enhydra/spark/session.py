@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from enhydra.kafka.spark_options import REDACTION_REGEX
 from enhydra.logs import get_logger
 
 log = get_logger("enhydra.spark")
@@ -29,6 +30,8 @@ LAPTOP_CONF: dict[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # Kafka credentials travel as data source options: keep them out of plans and the UI.
+    "spark.sql.redaction.options.regex": REDACTION_REGEX,
 }
 
 # On a cluster the cluster's defaults apply; only what the job's output relies on is set.
@@ -36,6 +39,7 @@ CLUSTER_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",  # the job prints its own progress
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    "spark.sql.redaction.options.regex": REDACTION_REGEX,  # Kafka credentials in options
 }
 
 # A cluster retries a failed task (spark.task.maxFailures, default 4); local mode does not

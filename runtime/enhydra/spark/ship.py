@@ -71,6 +71,7 @@ READER_MODULES = (
     "enhydra.kafka.errors",
     "enhydra.kafka.noise",
     "enhydra.kafka.reading",
+    "enhydra.kafka.spark_options",
 )
 # aiokafka and what it imports, for workers without it (pure-Python sources only)
 READER_PACKAGES = ("aiokafka", "async_timeout", "packaging", "typing_extensions")

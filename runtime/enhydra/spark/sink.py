@@ -9,36 +9,48 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from enhydra.spark.ship import DriverLog, import_aiokafka
 from enhydra.spark.source import METHODS, SourceError, _connector_missing
 
+if TYPE_CHECKING:
+    from enhydra.settings import Connection
+
 log = DriverLog("enhydra.spark.sink")  # executors import this module; they have no structlog
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1) -> None:
+def ensure_topic(conn: Connection | str, topic: str, partitions: int, replication: int = 1) -> None:
     """Create the target topic with the events topic's partition count, or check it has it."""
     from enhydra.kafka.topics import TopicSpec, ensure_topics
 
-    asyncio.run(ensure_topics(bootstrap, [TopicSpec(topic, partitions, replication, history=True)]))
+    asyncio.run(ensure_topics(conn, [TopicSpec(topic, partitions, replication, history=True)]))
 
 
-def write_events(spark: Any, events: Any, topic: str, bootstrap: str, method: str = "auto") -> int:
-    """Produce (key, value, partition, headers) rows to `topic`; returns how many were added."""
-    from enhydra.spark.source import resolve_ranges
+def write_events(
+    spark: Any, events: Any, topic: str, conn: Connection | str, method: str = "auto"
+) -> int:
+    """Produce (key, value, partition, headers) rows to `topic`; returns how many were added.
+
+    `conn` (TLS, SASL) reaches Spark's Kafka sink as `kafka.*` options, or the Python producer
+    on the executors (OAUTHBEARER always goes that way, see source.jvm_options).
+    """
+    from enhydra.kafka.spark_options import connection_option
+    from enhydra.spark.source import _connection, jvm_options, resolve_ranges
 
     if method not in METHODS:
         raise SourceError(f"method {method!r}: expected one of {', '.join(METHODS)}")
-    before = sum(r.end for r in resolve_ranges(bootstrap, topic))
+    conn = _connection(conn)
+    before = sum(r.end for r in resolve_ranges(conn, topic))
     written = False
-    if method in ("auto", "kafka"):
+    options = jvm_options(conn, method, "writing")
+    if options is not None:
         try:
             (
                 events.write.format("kafka")
-                .option("kafka.bootstrap.servers", bootstrap)
+                .options(**options)
                 .option("kafka.acks", "all")
                 .option("kafka.enable.idempotence", "true")
                 .option("topic", topic)
@@ -50,15 +62,19 @@ def write_events(spark: Any, events: Any, topic: str, bootstrap: str, method: st
                 raise
             log.info("spark's kafka sink is not on the classpath; producing from python")
     if not written:
-        events.mapInArrow(_Producer(bootstrap, topic), "written long").collect()
-    return sum(r.end for r in resolve_ranges(bootstrap, topic)) - before
+        events.mapInArrow(_Producer(connection_option(conn), topic), "written long").collect()
+    return sum(r.end for r in resolve_ranges(conn, topic)) - before
 
 
 class _Producer:
-    """mapInArrow: produce a task's rows with aiokafka (acks=all, idempotent), then count."""
+    """mapInArrow: produce a task's rows with aiokafka (acks=all, idempotent), then count.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
+    Holds the connection as `connection_option` wrote it; each task rebuilds the Connection
+    and gets its producer from enhydra.kafka.clients.
+    """
+
+    def __init__(self, connection: str, topic: str) -> None:
+        self.connection = connection
         self.topic = topic
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -71,12 +87,16 @@ class _Producer:
 
     async def _produce(self, batches: Iterable[pa.RecordBatch]) -> int:
         import_aiokafka()  # on a worker without aiokafka: the copy the job shipped
-        from aiokafka import AIOKafkaProducer
+        from enhydra.kafka.clients import close, new_producer, start
+        from enhydra.kafka.errors import KafkaAccessError
+        from enhydra.kafka.spark_options import connection_from_option
 
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=5
-        )
-        await producer.start()
+        conn = connection_from_option(self.connection)
+        producer = new_producer(conn, acks="all", enable_idempotence=True, linger_ms=5)
+        try:
+            await start(producer, conn, doing=f"write {self.topic}")
+        except KafkaAccessError as exc:  # one line the driver shows (cli/backfill.py)
+            raise SourceError("; ".join(exc.lines())) from None
         written = 0
         try:
             for batch in batches:
@@ -95,5 +115,5 @@ class _Producer:
                 await asyncio.gather(*futures)
                 written += len(futures)
         finally:
-            await producer.stop()
+            await close(producer)
         return written

@@ -13,22 +13,28 @@ the fold can then run in place, without a shuffle (fold.py).
 
 Both read with isolation.level=read_committed and fail when an offset in the range is gone
 (retention): a rebuild from a silently shortened history would be wrong, not just incomplete.
+
+Both reach Kafka with the job's Connection (TLS, SASL), translated once in
+enhydra.kafka.spark_options: `kafka.*` options for Spark's source, the Connection itself for
+the Python one, whose consumers come from enhydra.kafka.clients like every other client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from enhydra.spark.ship import DriverLog, import_aiokafka
+
+if TYPE_CHECKING:
+    from enhydra.settings import Connection
 
 log = DriverLog("enhydra.spark.source")  # executors import this module; they have no structlog
 
@@ -75,7 +81,7 @@ class OffsetRange:
 
 
 def resolve_ranges(
-    bootstrap: str,
+    conn: Connection | str,
     topic: str,
     *,
     until_offsets: Mapping[int, int] | None = None,
@@ -83,44 +89,37 @@ def resolve_ranges(
 ) -> list[OffsetRange]:
     """Fix what a job reads: from each partition's beginning to its end now, or to the bound.
 
-    `until_offsets` {partition: offset} is exclusive (partitions not named read to their end).
-    `until_time` stops each partition before its first record at or after that time.
+    `conn` is a Connection (TLS, SASL) or a PLAINTEXT bootstrap string. `until_offsets`
+    {partition: offset} is exclusive (partitions not named read to their end). `until_time`
+    stops each partition before its first record at or after that time. Kafka that cannot be
+    reached or refuses the credentials raises enhydra.kafka's KafkaAccessError.
     """
     if until_offsets is not None and until_time is not None:
         raise SourceError("give until_offsets or until_time, not both")
-    return asyncio.run(_resolve(bootstrap, topic, until_offsets, until_time))
+    return asyncio.run(_resolve(conn, topic, until_offsets, until_time))
 
 
 async def _resolve(
-    bootstrap: str,
+    conn: Connection | str,
     topic: str,
     until_offsets: Mapping[int, int] | None,
     until_time: datetime | None,
 ) -> list[OffsetRange]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    try:
-        await consumer.start()
-    except Exception as exc:
-        await consumer.stop()
-        raise SourceError(
-            f"cannot reach Kafka at {bootstrap} to read {topic}: {exc} "
-            "(check --bootstrap or ENHYDRA_BOOTSTRAP_SERVERS)"
-        ) from None
-    try:
-        await consumer._client.force_metadata_update()
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
+    from enhydra.kafka.clients import as_connection, open_consumer
+    from enhydra.kafka.reading import TopicMissing, offsets, refresh_metadata
+
+    conn = as_connection(conn)
+    async with open_consumer(conn, isolation_level="read_committed") as consumer:
+        await refresh_metadata(consumer)
+        try:
+            starts, ends = await offsets(consumer, topic)
+        except TopicMissing:
             raise SourceError(
-                f"topic {topic!r} does not exist on {bootstrap} (is the app id right?)"
-            )
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        starts = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
-        bounds = {tp.partition: ends[tp] for tp in tps}
+                f"topic {topic!r} does not exist on {conn.bootstrap_servers} (is the app id right?)"
+            ) from None
+        bounds = dict(ends)
         if until_offsets is not None:
             unknown = sorted(set(until_offsets) - set(bounds))
             if unknown:
@@ -136,22 +135,21 @@ async def _resolve(
             if until_time.tzinfo is None:
                 until_time = until_time.replace(tzinfo=UTC)
             ms = int(until_time.timestamp() * 1000)
-            found = await consumer.offsets_for_times({tp: ms for tp in tps})
-            for tp in tps:
-                hit = found.get(tp)
+            found = await consumer.offsets_for_times(
+                {TopicPartition(topic, p): ms for p in sorted(bounds)}
+            )
+            for tp, hit in found.items():
                 if hit is not None:
                     bounds[tp.partition] = min(bounds[tp.partition], hit.offset)
-        ranges = [OffsetRange(tp.partition, starts[tp], bounds[tp.partition]) for tp in tps]
-        truncated = {r.partition: r.start for r in ranges if r.start > 0}
-        if truncated:
-            log.warning(
-                "events topic does not start at offset 0; history before is gone (retention)",
-                topic=topic,
-                first_offsets=truncated,
-            )
-        return ranges
-    finally:
-        await consumer.stop()
+        ranges = [OffsetRange(p, starts[p], bounds[p]) for p in sorted(bounds)]
+    truncated = {r.partition: r.start for r in ranges if r.start > 0}
+    if truncated:
+        log.warning(
+            "events topic does not start at offset 0; history before is gone (retention)",
+            topic=topic,
+            first_offsets=truncated,
+        )
+    return ranges
 
 
 def split_ranges(ranges: list[OffsetRange], max_records: int | None) -> list[OffsetRange]:
@@ -183,7 +181,11 @@ class _Split(InputPartition):
 
 
 class KafkaEventsDataSource(DataSource):
-    """`spark.read.format("enhydra-kafka")` with options bootstrap, topic, ranges (JSON)."""
+    """`spark.read.format("enhydra-kafka")` with options connection, topic, ranges (JSON).
+
+    `connection` is `enhydra.kafka.spark_options.connection_option(conn)`: the executors
+    rebuild the driver's Connection from it (it holds secrets; session.py redacts it).
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -199,11 +201,13 @@ class KafkaEventsDataSource(DataSource):
 class _KafkaReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         try:
-            self.bootstrap = options["bootstrap"]
+            self.connection = options["connection"]
             self.topic = options["topic"]
             self.ranges = [OffsetRange(*r) for r in json.loads(options["ranges"])]
         except (KeyError, ValueError, TypeError) as exc:
-            raise SourceError(f"{FORMAT} needs options bootstrap, topic and ranges: {exc}") from exc
+            raise SourceError(
+                f"{FORMAT} needs options connection, topic and ranges: {exc}"
+            ) from None
         self.split_records = int(options.get("split_records", "0"))  # 0: whole partitions
         self.batch_records = int(options.get("batch_records", "10000"))
         self.timeout_s = float(options.get("timeout_s", "120"))
@@ -216,8 +220,10 @@ class _KafkaReader(DataSourceReader):
         split: _Split = partition  # type: ignore[assignment]
         if split.end <= split.start:
             return
+        from enhydra.kafka.spark_options import connection_from_option
+
         yield from read_range(
-            self.bootstrap,
+            connection_from_option(self.connection),
             self.topic,
             OffsetRange(split.partition, split.start, split.end),
             batch_records=self.batch_records,
@@ -226,7 +232,7 @@ class _KafkaReader(DataSourceReader):
 
 
 def read_range(
-    bootstrap: str,
+    conn: Connection | str,
     topic: str,
     rng: OffsetRange,
     *,
@@ -235,55 +241,62 @@ def read_range(
 ) -> Iterator[pa.RecordBatch]:
     """Records [start, end) of one partition as Arrow batches, from a synchronous caller."""
     import_aiokafka()  # on a worker without aiokafka: the copy the job shipped
-    from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import OffsetOutOfRangeError
 
-    loop = asyncio.new_event_loop()
-    tp = TopicPartition(topic, rng.partition)
+    from enhydra.kafka.clients import as_connection, close, new_consumer, start
+    from enhydra.kafka.errors import KafkaAccessError
+    from enhydra.kafka.reading import ReadStalled, read_ranges
 
-    async def open_consumer() -> AIOKafkaConsumer:
+    conn = as_connection(conn)
+    loop = asyncio.new_event_loop()
+    run = loop.run_until_complete
+
+    async def open_consumer() -> Any:
         # aiokafka binds to the running loop, so the consumer is created inside it.
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
+        consumer = new_consumer(
+            conn,
             isolation_level="read_committed",
             auto_offset_reset="none",
             max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_max_bytes=32 * 1024 * 1024,
         )
-        await consumer.start()
-        consumer.assign([tp])
-        consumer.seek(tp, rng.start)
+        await start(consumer, conn, doing=f"read {topic}")
         return consumer
 
-    run = loop.run_until_complete
-    consumer: AIOKafkaConsumer | None = None
+    consumer = batches = None
     try:
-        consumer = run(open_consumer())
-        last_progress = time.monotonic()
+        try:
+            consumer = run(open_consumer())
+        except KafkaAccessError as exc:  # one line the driver shows (cli/backfill.py)
+            raise SourceError("; ".join(exc.lines())) from None
+        batches = read_ranges(
+            consumer,
+            topic,
+            {rng.partition: (rng.start, rng.end)},
+            max_records=batch_records,
+            stall_timeout_s=timeout_s,
+        )
         while True:
-            position = run(consumer.position(tp))
-            if position >= rng.end:
-                return
             try:
-                fetched = run(consumer.getmany(tp, timeout_ms=500, max_records=batch_records))
+                _, records = run(anext(batches))
+            except StopAsyncIteration:
+                return
             except OffsetOutOfRangeError as exc:
                 raise SourceError(
                     f"{topic}[{rng.partition}] offsets {rng.start}..{rng.end} are no longer all "
                     f"in Kafka (deleted by retention?): {exc}"
-                ) from exc
-            records = [r for r in fetched.get(tp, []) if r.offset < rng.end]
-            if records:
-                last_progress = time.monotonic()
-                yield _to_arrow(topic, records)
-            elif time.monotonic() - last_progress > timeout_s:
+                ) from None
+            except ReadStalled as exc:
                 raise SourceError(
-                    f"no progress reading {topic}[{rng.partition}] at offset {position} (range "
-                    f"{rng.start}..{rng.end}) for {timeout_s:.0f}s; is {bootstrap} reachable?"
-                )
+                    f"{exc} (range {rng.start}..{rng.end} of partition {rng.partition}); "
+                    f"is {conn.bootstrap_servers} reachable?"
+                ) from None
+            yield _to_arrow(topic, records)
     finally:
+        if batches is not None:
+            run(batches.aclose())
         if consumer is not None:
-            run(consumer.stop())
+            run(close(consumer))
         loop.close()
 
 
@@ -309,7 +322,7 @@ def _to_arrow(topic: str, records: list[Any]) -> pa.RecordBatch:
 def read_events(
     spark: Any,
     topic: str,
-    bootstrap: str,
+    conn: Connection | str,
     until_offsets: Mapping[int, int] | None = None,
     until_time: datetime | None = None,
     method: str = "auto",
@@ -319,22 +332,26 @@ def read_events(
 ) -> Any:
     """A bounded DataFrame of `topic`: offsets fixed now (or by until_*), same schema either way.
 
+    `conn` is how to reach Kafka (a Connection with TLS/SASL, or a PLAINTEXT bootstrap string).
     method "kafka" uses Spark's Kafka source and fails without its jars; "python" uses the
-    Python Data Source; "auto" prefers Spark's source and falls back to the Python one.
+    Python Data Source; "auto" prefers Spark's source and falls back to the Python one (also
+    for OAUTHBEARER, whose token provider is Python code the JVM cannot call).
     `ranges` skips resolving offsets (the job resolves them once and reuses them for the cut).
     Each Kafka partition is one Spark partition, unless `split_records` cuts partitions into
     pieces of about that many records (more read tasks than partitions, but then a fold must
     shuffle).
     """
+    from enhydra.kafka.spark_options import connection_option
+
     if method not in METHODS:
         raise SourceError(f"method {method!r}: expected one of {', '.join(METHODS)}")
+    conn = _connection(conn)
     if ranges is None:
-        ranges = resolve_ranges(
-            bootstrap, topic, until_offsets=until_offsets, until_time=until_time
-        )
-    if method in ("auto", "kafka"):
+        ranges = resolve_ranges(conn, topic, until_offsets=until_offsets, until_time=until_time)
+    options = jvm_options(conn, method, "reading")
+    if options is not None:
         try:
-            df = _spark_kafka(spark, topic, bootstrap, ranges, split_records)
+            df = _spark_kafka(spark, topic, options, ranges, split_records)
             log.info("reading events with spark's kafka source", topic=topic)
             return df
         except Exception as exc:
@@ -345,12 +362,41 @@ def read_events(
     log.info("reading events with the python data source", topic=topic)
     return (
         spark.read.format(FORMAT)
-        .option("bootstrap", bootstrap)
+        .option("connection", connection_option(conn))
         .option("topic", topic)
         .option("ranges", json.dumps([[r.partition, r.start, r.end] for r in ranges]))
         .option("split_records", str(split_records or 0))
         .load()
     )
+
+
+def _connection(conn: Connection | str) -> Connection:
+    from enhydra.kafka.clients import as_connection
+
+    return as_connection(conn)
+
+
+def jvm_options(conn: Connection, method: str, doing: str | None) -> dict[str, str] | None:
+    """Spark's Kafka options for `conn`, or None when the Python reader/writer must do it.
+
+    OAUTHBEARER cannot go to the JVM: "auto" falls back to Python (and logs why, unless
+    `doing` is None), "kafka" fails plainly. A TLS file Kafka's Java client cannot use raises
+    SettingsError. Options are built only when Spark's connector may be used.
+    """
+    from enhydra.kafka.spark_options import NotForTheJvm, spark_kafka_options
+
+    if method == "python":
+        return None
+    try:
+        return spark_kafka_options(conn)
+    except NotForTheJvm as exc:
+        if method == "kafka":
+            raise SourceError(
+                f"{exc}: use --method python (the Python reader and writer)"
+            ) from None
+        if doing is not None:
+            log.info(f"{doing} kafka from python, not with spark's connector", why=str(exc))
+        return None
 
 
 def _connector_missing(exc: Exception) -> bool:
@@ -359,13 +405,17 @@ def _connector_missing(exc: Exception) -> bool:
 
 
 def _spark_kafka(
-    spark: Any, topic: str, bootstrap: str, ranges: list[OffsetRange], split_records: int | None
+    spark: Any,
+    topic: str,
+    options: Mapping[str, str],
+    ranges: list[OffsetRange],
+    split_records: int | None,
 ) -> Any:
     starts = {topic: {str(r.partition): r.start for r in ranges}}
     ends = {topic: {str(r.partition): r.end for r in ranges}}
     reader = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**options)
         .option("kafka.isolation.level", "read_committed")
         .option("subscribe", topic)
         .option("startingOffsets", json.dumps(starts))
