@@ -5,14 +5,14 @@ Commands (JSON, keyed by account id):
      "account": str, "amount": int}
 
 State per account: {"balance": int, "status": "open"|"closed", "version": int}, where version is
-the number of events applied. Balances are in euros.
+the number of events applied. Balances are in euros. Topics follow the app id: with the default
+app id `ledger` they are ledger-commands, ledger-events and ledger-rejections. Both functions
+are pure: the streaming service and the PySpark backfill run exactly this code.
 
 Events: opened, deposited, withdrawn, closed. `deposited` is at version 2 and names its
 currency, {"type": "deposited", "amount": int, "currency": "EUR"}; version 1 had no currency
 (every deposit was in euros) and `deposited_v1_to_v2` reads it as version 2. Events are kept
-forever, so the history written by the first version stays readable by this code. Topics follow the app id: with the default app id `ledger` they
-are ledger-commands, ledger-events and ledger-rejections. Both functions are pure: the
-streaming service and the PySpark backfill run exactly this code.
+forever, so the history written by the first version stays readable by this code.
 """
 
 from __future__ import annotations
