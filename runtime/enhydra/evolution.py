@@ -150,8 +150,14 @@ def reader(aggregate: Aggregate) -> Reader | None:
     """
     if not aggregate.event_versions:
         return None
+    current = {name: version_header(v)[1] for name, v in aggregate.event_versions.items()}
+    get = current.get
 
     def read(event: Event, raw: bytes | None) -> Event:
+        if raw is not None and type(event) is dict:
+            name = event.get(TYPE_FIELD)
+            if type(name) is str and get(name, b"1") == raw:
+                return event  # current already: the common case costs one lookup
         return upcast(aggregate, event, parse_version(raw))
 
     return read
