@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
-import subprocess
-import sys
 
 import orjson
 import pytest
@@ -100,17 +97,10 @@ def test_a_v1_history_reads_as_v2_on_every_path(service_factory, kafka_bootstrap
     assert "Traceback" not in refused.stderr
 
     # a Spark backfill (the Python reader) folds it the same way
-    job = subprocess.run(
-        [
-            *(sys.executable, "-m", "enhydra.cli.main", "backfill", TARGET),
-            *("--master", "local[2]", "--method", "python"),
-            *("--bootstrap", kafka_bootstrap, "--app", app_id),
-            *("--snapshot", str(tmp_path / "backfill")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "ENHYDRA_LOG_FORMAT": "json"},
+    job = cli(
+        *("backfill", TARGET, "--master", "local[2]", "--method", "python"),
+        *("--bootstrap", kafka_bootstrap, "--app", app_id),
+        *("--snapshot", str(tmp_path / "backfill")),
         check=False,
     )
     assert job.returncode == 0, job.stderr[-4000:]
