@@ -4,11 +4,12 @@
     .venv/bin/python bench/spark_fold.py --events 500000 --rounds 3 --profile
 
 The events are generated into a Parquet dataset with the schema `read_events` returns (key,
-value, topic, partition, offset, timestamp, headers with the engine's command id and offset),
-one file per Kafka partition in offset order, the way the job reads a topic: one Spark
-partition per Kafka partition. Both sides run the ledger's own `apply` on orjson-decoded
-events and keep the same bookkeeping (last command offset, command-id window). Every time
-includes the read.
+value, topic, partition, offset, timestamp, headers with the engine's command id, offset and
+event version; deposits in the ledger's current shape, v2), one file per Kafka partition in
+offset order, the way the job reads a topic: one Spark partition per Kafka partition. Both
+sides run the ledger's own `apply` on orjson-decoded events and keep the same bookkeeping
+(last command offset, command-id window); the fold also reads each event's version (the
+ledger declares versions), the replay does not. Every time includes the read.
 
 - python: one process reads the dataset, then one loop over the events in log order with a
   dict of states (one process sees every key, so it needs no sort).
@@ -80,19 +81,25 @@ def generate(directory: Path, events: int, n_accounts: int, seed: int) -> None:
         mask = partition == p
         offset[mask] = np.arange(int(mask.sum()))
     distinct = [orjson.dumps({"type": "opened"})]
-    distinct += [orjson.dumps({"type": "deposited", "amount": a}) for a in range(1, 500)]
+    deposit = {"type": "deposited", "currency": "EUR"}  # deposited v2, the ledger's current
+    distinct += [orjson.dumps({**deposit, "amount": a}) for a in range(1, 500)]
     distinct += [orjson.dumps({"type": "withdrawn", "amount": a - 499}) for a in range(500, 1000)]
     values = pa.array(distinct, pa.binary()).take(pa.array(kind))
     names = pa.array([f"acct-{i:07d}".encode() for i in range(n_accounts)], pa.binary())
     keys = names.take(pa.array(account))
     ids = pa.array([f"c{n}".encode() for n in range(events)], pa.binary())
     offsets_text = pa.array([str(o).encode() for o in offset.tolist()], pa.binary())
-    header_keys = pa.array(["enhydra.command_id", "enhydra.command_offset"] * events, pa.string())
-    header_values = pa.concat_arrays([ids, offsets_text]).take(
-        pa.array(np.stack([np.arange(events), np.arange(events) + events], axis=1).ravel())
+    versions = pa.array([b"1", b"2"], pa.binary()).take(
+        pa.array(((kind >= 1) & (kind < 500)).astype(np.int64))
+    )
+    names_ = ["enhydra.command_id", "enhydra.command_offset", "enhydra.event_version"]
+    header_keys = pa.array(names_ * events, pa.string())
+    at = np.arange(events)
+    header_values = pa.concat_arrays([ids, offsets_text, versions]).take(
+        pa.array(np.stack([at, at + events, at + 2 * events], axis=1).ravel())
     )
     headers = pa.ListArray.from_arrays(
-        pa.array(np.arange(0, 2 * events + 1, 2, dtype=np.int32)),
+        pa.array(np.arange(0, 3 * events + 1, 3, dtype=np.int32)),
         pa.StructArray.from_arrays([header_keys, header_values], names=["key", "value"]),
     )
     table_ = pa.Table.from_arrays(

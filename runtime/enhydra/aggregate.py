@@ -5,15 +5,20 @@
 
 Commands, events and states are JSON values (dicts, lists, str, int, float, bool, None). The
 runtime runs the two functions per key; the PySpark job runs the same `apply` over history.
+
+Events are kept forever, so their shapes are versioned: `event_versions` and `upcasters`
+(see evolution.py) let `apply` see only current shapes whatever version wrote an event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from enhydra.evolution import validate
 
 State = Any
 Command = dict[str, Any]
@@ -63,12 +68,18 @@ class Aggregate:
     parse: Callable[[Command], Command] | None = None
     initial_state: State = None
     description: str = field(default="", compare=False)
+    # event type -> the version its events are written at now (1 when not listed), and
+    # (event type, from version) -> a pure function returning the event one version up.
+    # Readers of the events chain the upcasters before `apply` (evolution.py).
+    event_versions: Mapping[str, int] = field(default_factory=dict)
+    upcasters: Mapping[tuple[str, int], Callable[[Event], Event]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"aggregate name {self.name!r}: use letters, digits, '-' or '_'")
         if not callable(self.decide) or not callable(self.apply):
             raise TypeError(f"aggregate {self.name!r}: decide and apply must be callables")
+        validate(self.name, self.event_versions, self.upcasters)
 
     def bind(self, app_id: str) -> BoundAggregate:
         """Resolve topic names for one application."""
@@ -97,7 +108,11 @@ class BoundAggregate:
 
 
 def replay(aggregate: Aggregate, events: Sequence[Event], state: State = None) -> State:
-    """Fold events through `apply`: the definition of state that every path must agree with."""
+    """Fold events through `apply`: the definition of state that every path must agree with.
+
+    The events are of their types' current versions (what `decide` returns); stored events of
+    older versions go through `evolution.upcast` first.
+    """
     for event in events:
         state = aggregate.apply(state, event)
     return state

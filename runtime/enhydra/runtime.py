@@ -343,6 +343,7 @@ class Supervisor:
             rt.bound.events_topic,
             transient=rt.service.spec.transient_errors,
             shutdown=rt.shutdown,
+            aggregate=rt.bound.aggregate,
         )
         await rt.projection_host.start()
         settle_heap()

@@ -194,7 +194,7 @@ def test_state_is_carried_across_batches() -> None:
 
 
 def _row(key: bytes, partition: int, offset: int, value: bytes, coff: bytes = b"0") -> tuple:
-    return (key, partition, offset, value, b"c" + coff, coff, None, None)
+    return (key, partition, offset, value, b"c" + coff, coff, None, None, None)
 
 
 def test_errors_name_the_key_partition_and_offset() -> None:
@@ -215,7 +215,7 @@ def test_errors_name_the_key_partition_and_offset() -> None:
 
 def test_events_without_headers_change_state_not_bookkeeping() -> None:
     fold_ = EventFold(_apply_counter)
-    fold_.feed([(b"k", 0, 0, b'{"add":2}', None, None, None, None)])
+    fold_.feed([(b"k", 0, 0, b'{"add":2}', None, None, None, None, None)])
     (row,) = fold_.finish()
     assert decode_entry(row[2]) == Entry([2, 1], -1, [])
 

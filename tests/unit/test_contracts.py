@@ -11,9 +11,11 @@ from enhydra.contracts.headers import (
     COMMAND_ID_HEADER,
     COMMAND_OFFSET_HEADER,
     EVENT_INDEX_HEADER,
+    EVENT_VERSION_HEADER,
     event_headers,
     event_source,
     header,
+    version_header,
 )
 from enhydra.contracts.partitioner import murmur2, partition_for
 
@@ -28,16 +30,27 @@ def test_keys_land_where_kafka_producers_put_them(key: bytes, partitions: int) -
     assert partition_for(key, partitions) == (aiokafka_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-@given(st.text(min_size=1, max_size=20), st.integers(0, 2**40), st.integers(0, 40))
-def test_event_headers_read_back(command_id: str, offset: int, index: int) -> None:
-    headers = event_headers(command_id.encode(), offset, index)
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**40),
+    st.integers(0, 40),
+    st.integers(1, 1000),
+)
+def test_event_headers_read_back(command_id: str, offset: int, index: int, version: int) -> None:
+    headers = event_headers(command_id.encode(), offset, index, version_header(version))
     assert [name for name, _ in headers] == [
         COMMAND_ID_HEADER,
         COMMAND_OFFSET_HEADER,
         EVENT_INDEX_HEADER,
+        EVENT_VERSION_HEADER,
     ]
     assert header(headers, COMMAND_ID_HEADER) == command_id.encode()
     assert event_source(headers) == (offset, index)
+    assert header(headers, EVENT_VERSION_HEADER) == str(version).encode()
+
+
+def test_events_are_version_1_unless_told() -> None:
+    assert header(event_headers(b"c", 0, 0), EVENT_VERSION_HEADER) == b"1"
 
 
 def test_entry_bytes_round_trip() -> None:

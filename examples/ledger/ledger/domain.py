@@ -5,9 +5,14 @@ Commands (JSON, keyed by account id):
      "account": str, "amount": int}
 
 State per account: {"balance": int, "status": "open"|"closed", "version": int}, where version is
-the number of events applied. Topics follow the app id: with the default app id `ledger` they
-are ledger-commands, ledger-events and ledger-rejections. Both functions are pure: the
-streaming service and the PySpark backfill run exactly this code.
+the number of events applied. Balances are in euros. Topics follow the app id: with the default
+app id `ledger` they are ledger-commands, ledger-events and ledger-rejections. Both functions
+are pure: the streaming service and the PySpark backfill run exactly this code.
+
+Events: opened, deposited, withdrawn, closed. `deposited` is at version 2 and names its
+currency, {"type": "deposited", "amount": int, "currency": "EUR"}; version 1 had no currency
+(every deposit was in euros) and `deposited_v1_to_v2` reads it as version 2. Events are kept
+forever, so the history written by the first version stays readable by this code.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from enhydra import Aggregate, InvalidCommand, Rejection
 
 COMMAND_TYPES = ("open", "deposit", "withdraw", "close")
+CURRENCY = "EUR"  # the currency of every balance
 
 
 def parse(command: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +57,7 @@ def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[s
     if state is None or state["status"] != "open":
         raise Rejection("account is not open")
     if kind == "deposit":
-        return [{"type": "deposited", "amount": command["amount"]}]
+        return [{"type": "deposited", "amount": command["amount"], "currency": CURRENCY}]
     if kind == "withdraw":
         amount = command["amount"]
         if amount > state["balance"]:
@@ -69,6 +75,8 @@ def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]
         return {"balance": 0, "status": "open", "version": 1}
     assert state is not None, f"{kind} before opened"
     if kind == "deposited":
+        if event["currency"] != CURRENCY:
+            raise ValueError(f"deposit in {event['currency']!r}: balances are in {CURRENCY}")
         balance = state["balance"] + event["amount"]
     elif kind == "withdrawn":
         balance = state["balance"] - event["amount"]
@@ -79,10 +87,17 @@ def apply(state: dict[str, Any] | None, event: dict[str, Any]) -> dict[str, Any]
     return {**state, "balance": balance, "version": state["version"] + 1}
 
 
+def deposited_v1_to_v2(event: dict[str, Any]) -> dict[str, Any]:
+    """deposited v1 {amount} -> v2 {amount, currency}: the first version only took euros."""
+    return {**event, "currency": CURRENCY}
+
+
 accounts = Aggregate(
     name="accounts",
     decide=decide,
     apply=apply,
     parse=parse,
+    event_versions={"deposited": 2},
+    upcasters={("deposited", 1): deposited_v1_to_v2},
     description="Bank accounts: balance, status and the number of events applied.",
 )

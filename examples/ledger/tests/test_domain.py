@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from enhydra import replay
+from enhydra.evolution import EventVersionError, upcast
 from enhydra.testing import Driver
 
 from ledger.domain import accounts
@@ -25,7 +26,9 @@ def driver() -> Driver:
 
 
 def test_open_deposit_withdraw_close(driver: Driver) -> None:
-    assert driver.send("a", cmd("1", "deposit", 70)).events == [{"type": "deposited", "amount": 70}]
+    assert driver.send("a", cmd("1", "deposit", 70)).events == [
+        {"type": "deposited", "amount": 70, "currency": "EUR"}
+    ]
     assert driver.send("a", cmd("2", "withdraw", 70)).accepted
     assert driver.send("a", cmd("3", "close")).events == [{"type": "closed"}]
     assert driver.state("a") == {"balance": 0, "status": "closed", "version": 4}
@@ -115,3 +118,20 @@ def test_domain_agrees_with_the_independent_model() -> None:
     d.send_many(commands)
     expected = model(commands)
     assert {key: d.state(key) for key in d.stored_keys()} == expected
+
+
+def test_deposited_v1_reads_as_v2_in_euros() -> None:
+    """The first version's deposits had no currency: they were all in euros."""
+    v1 = {"type": "deposited", "amount": 30}
+    assert upcast(accounts, v1, 1) == {"type": "deposited", "amount": 30, "currency": "EUR"}
+    assert v1 == {"type": "deposited", "amount": 30}  # the stored event is not changed
+    with pytest.raises(EventVersionError, match="'deposited' at version 3"):
+        upcast(accounts, v1, 3)
+
+
+def test_history_of_v1_deposits_continues_under_v2() -> None:
+    d = Driver(accounts)
+    d.given("a", [{"type": "opened"}, {"type": "deposited", "amount": 30}], version=1)
+    assert d.send("a", cmd("1", "deposit", 12)).accepted
+    assert d.send("a", cmd("2", "withdraw", 42)).accepted
+    assert d.state("a") == {"balance": 0, "status": "open", "version": 4}

@@ -1,8 +1,9 @@
 """What a fold of the events topic reads from each event: one definition for every path.
 
 The Spark backfill and time travel (`enhydra snapshot at`, which folds in process) rebuild
-state by folding events through `apply`, and both need the same three headers as columns to
-skip redelivered duplicates exactly (see spark/fold.py). They once extracted them separately
+state by folding events through `apply`, and both need the same headers as columns: three to
+skip redelivered duplicates exactly (see spark/fold.py), and the event's version to upcast it
+before `apply` (evolution.py). They once extracted them separately
 and drifted: time travel dropped `enhydra.event_index` and applied a duplicate twice that the
 backfill folded once. Now both hand Kafka-shaped batches (key, partition, offset, value,
 headers) to `fold_input` and folds what it returns.
@@ -17,13 +18,19 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
+from enhydra.contracts.headers import (
+    COMMAND_ID_HEADER,
+    COMMAND_OFFSET_HEADER,
+    EVENT_INDEX_HEADER,
+    EVENT_VERSION_HEADER,
+)
 
 # fold column -> the header it is read from
 HEADER_COLUMNS = {
     "command_id": COMMAND_ID_HEADER,
     "command_offset": COMMAND_OFFSET_HEADER,
     "index": EVENT_INDEX_HEADER,
+    "version": EVENT_VERSION_HEADER,
 }
 # What the fold reads, in order. fold_order is the rows' sort position when they are not
 # sorted by the key itself (Spark sorts by a hash of the key first); null means by key.

@@ -5,7 +5,10 @@
 - `enhydra.command_offset`: the command's offset in the commands partition of the same number,
   so a state rebuilt from events resumes on the commands topic exactly after it;
 - `enhydra.event_index`: the event's position among its command's events, which tells a
-  redelivered duplicate from the next event of the same command.
+  redelivered duplicate from the next event of the same command;
+- `enhydra.event_version`: the version of the event's shape (its type's current version when
+  it was written; an event without it predates versions and is version 1), which tells the
+  readers which upcasters to chain before `apply` (evolution.py).
 """
 
 from __future__ import annotations
@@ -15,17 +18,28 @@ from collections.abc import Iterable
 COMMAND_ID_HEADER = "enhydra.command_id"
 COMMAND_OFFSET_HEADER = "enhydra.command_offset"
 EVENT_INDEX_HEADER = "enhydra.event_index"
+EVENT_VERSION_HEADER = "enhydra.event_version"
 
 # The index header of the positions commands commonly reach, built once (the hot path).
 _INDEX = [(EVENT_INDEX_HEADER, b"%d" % i) for i in range(16)]
+VERSION_1 = (EVENT_VERSION_HEADER, b"1")
 
 
-def event_headers(command_id: bytes, command_offset: int, index: int) -> list[tuple[str, bytes]]:
-    """The headers of the `index`-th event of the command at `command_offset`."""
+def version_header(version: int) -> tuple[str, bytes]:
+    """The version header of an event of this version (built once per type, not per event)."""
+    return VERSION_1 if version == 1 else (EVENT_VERSION_HEADER, b"%d" % version)
+
+
+def event_headers(
+    command_id: bytes, command_offset: int, index: int, version: tuple[str, bytes] = VERSION_1
+) -> list[tuple[str, bytes]]:
+    """The headers of the `index`-th event of the command at `command_offset`; `version` is
+    its `version_header`."""
     return [
         (COMMAND_ID_HEADER, command_id),
         (COMMAND_OFFSET_HEADER, b"%d" % command_offset),
         _INDEX[index] if index < 16 else (EVENT_INDEX_HEADER, b"%d" % index),
+        version,
     ]
 
 

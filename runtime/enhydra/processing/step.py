@@ -8,7 +8,7 @@ with its origin, a log line, or a RecordFailed that stops the worker.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from enhydra.aggregate import BoundAggregate, dumps
@@ -17,6 +17,7 @@ from enhydra.contracts.headers import event_headers
 from enhydra.errors.dlq import dead_letter_headers
 from enhydra.errors.failure import Failure
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
+from enhydra.evolution import version_headers
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
 from enhydra.processing.core import BatchResult, process_batch
@@ -28,18 +29,28 @@ from enhydra.settings import Settings
 log = get_logger("enhydra.engine")
 
 
-def event_outputs(result: BatchResult) -> list[Out]:
+def event_outputs(
+    result: BatchResult, version_of: Callable[[Any], tuple[str, bytes]] | None = None
+) -> list[Out]:
     """The batch's events in input order, each with the headers of the contract.
 
-    Built straight into one list because this runs once per output record.
+    `version_of` gives an event's version header (evolution.version_headers); None: every
+    event is version 1. Built straight into one list because this runs once per output record.
     """
     events: list[Out] = []
     append = events.append
     for emitted in result.emitted:
         key = emitted.key.encode("utf-8")
         command_id = emitted.command_id.encode("utf-8")
-        for index, payload in enumerate(emitted.payloads):
-            append((key, payload, event_headers(command_id, emitted.offset, index)))
+        if version_of is None:
+            for index, payload in enumerate(emitted.payloads):
+                append((key, payload, event_headers(command_id, emitted.offset, index)))
+            continue
+        for index, (payload, event) in enumerate(
+            zip(emitted.payloads, emitted.events, strict=True)
+        ):
+            version = version_of(event)
+            append((key, payload, event_headers(command_id, emitted.offset, index, version)))
     return events
 
 
@@ -62,6 +73,7 @@ class AggregateStep:
         self.aggregate = aggregate
         self.policies = policies
         self.transient = transient
+        self.version_of = version_headers(aggregate.aggregate)
 
     def new_cache(self) -> EntryCache:
         return EntryCache(self.settings.state_cache_entries)
@@ -111,7 +123,7 @@ class AggregateStep:
             if result.interrupted is not None:
                 break
         outputs: dict[str, list[Out]] = {}
-        events = event_outputs(result)
+        events = event_outputs(result, self.version_of)
         if events:
             outputs[agg.events_topic] = events
         if result.rejected:

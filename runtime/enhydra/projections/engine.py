@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from enhydra.aggregate import Aggregate
+from enhydra.contracts.headers import EVENT_VERSION_HEADER, header
 from enhydra.contracts.partitioner import partition_for
+from enhydra.evolution import reader
 from enhydra.kafka.topics import TopicSpec
 from enhydra.projections.model import (
     EventRecord,
@@ -36,9 +39,16 @@ class ProjectionStep:
 
     counters = ("skipped", "duplicates", "changed")
 
-    def __init__(self, projection: Projection, transient: tuple[type[BaseException], ...]) -> None:
+    def __init__(
+        self,
+        projection: Projection,
+        transient: tuple[type[BaseException], ...],
+        aggregate: Aggregate | None = None,
+    ) -> None:
         self.projection = projection
         self.transient = transient
+        # the service's aggregate declares the events' versions and upcasters
+        self.read = reader(aggregate) if aggregate is not None else None
 
     def new_cache(self) -> None:
         return None
@@ -52,10 +62,20 @@ class ProjectionStep:
 
         result = fold_batch(
             self.projection,
-            (EventRecord(r.offset, r.key, r.value, event_source(r.headers)) for r in records),
+            (
+                EventRecord(
+                    r.offset,
+                    r.key,
+                    r.value,
+                    event_source(r.headers),
+                    header(r.headers, EVENT_VERSION_HEADER),
+                )
+                for r in records
+            ),
             load,
             transient=self.transient,
             give_up=give_up,
+            read=self.read,
         )
         puts = [
             (k.encode("utf-8"), encode(e) if e is not None else None)
@@ -87,6 +107,7 @@ class ProjectionEngine(TaskRunner):
         *,
         plugin: str | None = None,
         transient: tuple[type[BaseException], ...] = (),
+        aggregate: Aggregate | None = None,
     ) -> None:
         self.projection = projection
         self.events_topic = events_topic
@@ -97,7 +118,7 @@ class ProjectionEngine(TaskRunner):
             group_id=projection.group_id(settings.app_id),
             input_topic=events_topic,
             changelog_topic=projection.changelog_topic(settings.app_id),
-            step=ProjectionStep(projection, transient),
+            step=ProjectionStep(projection, transient, aggregate),
             output_topics=[],
             transactional_prefix=f"{settings.app_id}-{projection.name}-task-",
             client_id=f"{settings.instance_id}-{projection.name}",

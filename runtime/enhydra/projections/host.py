@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from enhydra.aggregate import Aggregate
 from enhydra.errors.uncaught import EXIT_SHUTDOWN_CLIENT
 from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.model import Projection
@@ -28,8 +29,10 @@ class ProjectionHost:
         *,
         transient: tuple[type[BaseException], ...] = (),
         shutdown: Shutdown,
+        aggregate: Aggregate | None = None,
     ) -> None:
         self.settings = settings
+        self.aggregate = aggregate  # whose events: their versions and upcasters
         self.projections = projections
         self.events_topic = events_topic
         self.transient = transient
@@ -44,6 +47,7 @@ class ProjectionHost:
                 self.events_topic,
                 plugin=plugin,
                 transient=self.transient,
+                aggregate=self.aggregate,
             )
             engine.on_failure = self._failed(projection.name)
             self.engines[projection.name] = engine

@@ -11,8 +11,10 @@ redelivers after a crash is skipped instead of folded twice (the same rule as th
 store). It also remembers the event's source, (`enhydra.command_offset`,
 `enhydra.event_index`): the service itself publishes a batch's events again when it crashed
 between publishing them and writing its changelog, and those copies sit at new offsets, but
-their source is not beyond the one already folded (the Spark fold's rule). The fold below is
-pure: the Kafka engine and unit tests run the same code.
+their source is not beyond the one already folded (the Spark fold's rule). Each event is
+brought to its type's current version (the aggregate's upcasters, evolution.py) before
+`project`, as before `apply`. The fold below is pure: the Kafka engine and unit tests run the
+same code.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import orjson
 
 from enhydra.aggregate import Event, State
 from enhydra.contracts.headers import Source, event_source
+from enhydra.evolution import Reader, is_unversioned, refuse
 
 __all__ = [
     "EventRecord",
@@ -90,6 +93,7 @@ class EventRecord:
     key: bytes | None
     value: bytes | None
     source: Source | None = None  # None: not published by an Enhydra service
+    version: bytes | None = None  # its enhydra.event_version header (None: version 1)
 
 
 @dataclass(slots=True)
@@ -110,12 +114,15 @@ def fold_batch(
     *,
     transient: tuple[type[BaseException], ...] = (),
     give_up: Mapping[int, int] | None = None,
+    read: Reader | None = None,
 ) -> FoldResult:
     """Fold one partition's events in offset order; keys changed earlier come from the batch.
 
     An error of a `transient` type in `project` stops the fold at that event (`interrupted`)
     so it is retried after a backoff, unless its offset is in `give_up` (retried until
     task_timeout already); any other error is raised: a read model must not skip an event.
+    `read` upcasts each event from its version (evolution.reader of the service's aggregate);
+    without it only version 1 is read and a newer event is an error (evolution.refuse).
     """
     give_up = give_up or {}
     result = FoldResult()
@@ -130,6 +137,10 @@ def fold_batch(
         if not isinstance(event, dict):
             result.ignored += 1
             continue
+        if read is not None:
+            event = read(event, record.version)
+        elif not is_unversioned(record.version):
+            raise refuse(event, record.version)
         entry = result.changed[key] if key in result.changed else load(key)
         if entry is not None and record.offset <= entry.offset:
             result.skipped += 1  # redelivered: already folded

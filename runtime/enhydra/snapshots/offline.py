@@ -250,9 +250,11 @@ async def snapshot_at(
 ) -> Manifest:
     """The state as of `until`: the events up to then, folded through the service's `apply`.
 
-    For data that fits one process; the PySpark backfill job does the same fold at scale.
+    For data that fits one process; the PySpark backfill job does the same fold at scale. An
+    event the fold cannot read (not JSON, a version newer than this code) is a SnapshotError
+    naming it.
     """
-    from enhydra.spark.fold import fold_batches
+    from enhydra.spark.fold import FoldError, fold_batches
 
     until_ms = int(until.timestamp() * 1000)
     events, partitions = await _read_events_until(
@@ -264,16 +266,19 @@ async def snapshot_at(
     ]
     per_partition: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in partitions}
     last: dict[int, int] = dict.fromkeys(partitions, -1)
-    for batch in fold_batches(batches, bound.aggregate, dedup_window=dedup_window):
-        for key, partition, value, offset in zip(
-            batch.column("key").to_pylist(),
-            batch.column("partition").to_pylist(),
-            batch.column("value").to_pylist(),
-            batch.column("last_offset").to_pylist(),
-            strict=True,
-        ):
-            per_partition[partition].append((key, value))
-            last[partition] = max(last[partition], offset)
+    try:
+        for batch in fold_batches(batches, bound.aggregate, dedup_window=dedup_window):
+            for key, partition, value, offset in zip(
+                batch.column("key").to_pylist(),
+                batch.column("partition").to_pylist(),
+                batch.column("value").to_pylist(),
+                batch.column("last_offset").to_pylist(),
+                strict=True,
+            ):
+                per_partition[partition].append((key, value))
+                last[partition] = max(last[partition], offset)
+    except FoldError as exc:
+        raise SnapshotError(f"cannot fold {bound.events_topic}: {exc}") from exc
     writer = SnapshotWriter(
         output,
         app_id=app_id,

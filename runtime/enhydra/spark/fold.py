@@ -21,6 +21,10 @@ events) the rule is exact per event. Without it, a copy that directly follows it
 the key's events (the crashed batch held no later command of that key) cannot be told apart
 from one command that emitted several events, and is applied: the fold cannot know how many
 events a command had.
+
+Each event is brought to its type's current version (`enhydra.event_version`, the
+aggregate's upcasters: evolution.py) before `apply`; an aggregate without versions skips that
+and only refuses an event written by a newer deployment.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ import pyarrow as pa
 from enhydra.aggregate import Aggregate, loads
 from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.contracts.fold_input import fold_input
-from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
+from enhydra.contracts.headers import (
+    COMMAND_ID_HEADER,
+    COMMAND_OFFSET_HEADER,
+    EVENT_INDEX_HEADER,
+    EVENT_VERSION_HEADER,
+)
+from enhydra.evolution import EventVersionError, Reader, reader, refuse
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -99,8 +109,10 @@ class EventFold:
         dedup_window: int = 100,
         decode: Callable[[bytes], Any] = loads,
         keep_events: bool = False,
+        read: Reader | None = None,
     ) -> None:
         self.apply = apply
+        self.read = read  # upcasts an event from its version header (evolution.reader)
         self.keep_events = keep_events
         self.kept: list[tuple[Any, ...]] = []  # applied events, when keep_events
         self.initial_state = initial_state
@@ -138,10 +150,12 @@ class EventFold:
 
     def feed(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Fold rows (key, partition, offset, value, command_id, command_offset, index,
-        fold_order), grouped by key in (fold_order, key) order, each key's in offset order."""
+        version, fold_order), grouped by key in (fold_order, key) order, each key's in offset
+        order."""
         out: list[tuple[Any, ...]] = []
         apply = self.apply
         decode = self.decode
+        read = self.read
         window = self.dedup_window
         keep = self.kept.append if self.keep_events else None
         # the current key's bookkeeping, as locals (written back below and on a key change)
@@ -150,7 +164,10 @@ class EventFold:
         ids, applied = self.ids, self.applied
         seen = 0
         try:
-            for key, partition, offset, value, command_id, command_offset, index, order in rows:
+            for row in rows:
+                key, partition, offset, value, command_id, command_offset, index, version, order = (
+                    row
+                )
                 seen += 1
                 if key != current:
                     if key is None:
@@ -206,6 +223,13 @@ class EventFold:
                     raise _error(
                         key, partition, offset, f"the event is not valid JSON: {exc}"
                     ) from None
+                if read is not None:
+                    try:
+                        event = read(event, version)
+                    except EventVersionError as exc:
+                        raise _error(key, partition, offset, str(exc)) from exc
+                elif version is not None and version != b"1":
+                    raise _error(key, partition, offset, str(refuse(event, version)))
                 try:
                     state = apply(state, event)
                 except Exception as exc:
@@ -214,7 +238,7 @@ class EventFold:
                     ) from exc
                 applied += 1
                 if keep is not None:
-                    keep((key, partition, value, command_id, command_offset, index))
+                    keep((key, partition, value, command_id, command_offset, index, version))
                 if cmd_offset is None:
                     continue  # an event from elsewhere: it changes state, not the bookkeeping
                 last = cmd_offset
@@ -273,7 +297,10 @@ def fold_batches(
     """Fold Kafka-shaped Arrow batches (see contracts/fold_input.py), sorted by (key,
     partition, offset), into one row per key."""
     fold = EventFold(
-        aggregate.apply, initial_state=aggregate.initial_state, dedup_window=dedup_window
+        aggregate.apply,
+        initial_state=aggregate.initial_state,
+        dedup_window=dedup_window,
+        read=reader(aggregate),
     )
     pending: list[tuple[Any, ...]] = []
     for batch in batches:
@@ -308,13 +335,15 @@ def applied_events(
     """The events the fold applied, in fold order: each once, duplicates from redeliveries gone.
 
     Re-emitted to a topic they are a corrected history (one copy per command, per-key order),
-    e.g. the events topic of a clone, whose state then agrees with its events.
+    e.g. the events topic of a clone, whose state then agrees with its events. Each keeps the
+    value and version it was written with: its readers upcast it as they would the original.
     """
     fold = EventFold(
         aggregate.apply,
         initial_state=aggregate.initial_state,
         dedup_window=dedup_window,
         keep_events=True,
+        read=reader(aggregate),
     )
     for batch in batches:
         if batch.num_rows == 0:
@@ -328,7 +357,7 @@ def applied_events(
 
 def _events_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     headers = []
-    for _key, _partition, _value, command_id, command_offset, index in rows:
+    for _key, _partition, _value, command_id, command_offset, index, version in rows:
         row = []
         if command_id is not None:
             row.append({"key": COMMAND_ID_HEADER, "value": command_id})
@@ -336,6 +365,8 @@ def _events_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
             row.append({"key": COMMAND_OFFSET_HEADER, "value": command_offset})
         if index is not None:
             row.append({"key": EVENT_INDEX_HEADER, "value": index})
+        if version is not None:
+            row.append({"key": EVENT_VERSION_HEADER, "value": version})
         headers.append(row or None)
     return pa.RecordBatch.from_arrays(
         [

@@ -53,6 +53,7 @@ EXECUTOR_MODULES = (
     "enhydra.contracts.headers",
     "enhydra.contracts.names",
     "enhydra.contracts.partitioner",
+    "enhydra.evolution",
     "enhydra.snapshots",
     "enhydra.snapshots.format",
     "enhydra.spark",
@@ -126,7 +127,7 @@ def _module_files(module: ModuleType) -> list[tuple[Path, str]]:
 def service_packages(aggregate: Aggregate) -> list[str]:
     """Top-level packages the aggregate's functions come from (what executors unpickle)."""
     found = []
-    for fn in (aggregate.apply, aggregate.decide, aggregate.parse):
+    for fn in (aggregate.apply, aggregate.decide, aggregate.parse, *aggregate.upcasters.values()):
         module = getattr(fn, "__module__", None)
         if not module:
             continue

@@ -1,7 +1,9 @@
 """An in-memory driver: feed commands to an aggregate, see events, rejections and state.
 
 Like Kafka Streams' TopologyTestDriver, it runs the very batch core the Kafka engine runs
-(`process_batch`), so dedup, rejections and state are the same, without a broker.
+(`process_batch`), so dedup, rejections and state are the same, without a broker. `given`
+starts a key from a stored history, old event versions included, upcast like every reader of
+the events topic does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import orjson
 from enhydra.aggregate import Aggregate, Command, Event, State
 from enhydra.contracts.codec import Entry
 from enhydra.errors.failure import Failure
+from enhydra.evolution import upcast
 from enhydra.processing.core import InputRecord, process_batch
 from enhydra.service import Service
 
@@ -70,6 +73,26 @@ class Driver:
             outcomes[failure.record.offset].failure = failure
             self.failures.append(failure)
         return [outcomes[r.offset] for r in records]
+
+    def given(self, key: str, events: Iterable[Event], *, version: int | None = None) -> State:
+        """Fold `events` into `key`'s state as a read of the events topic would; returns it.
+
+        `version` is the version the events were written at (e.g. 1 for history kept from
+        before a type's shape changed): each is upcast to its type's current version before
+        `apply`. None: they are current, as `decide` returns them.
+        """
+        aggregate = self.aggregate
+        entry = self.entries.get(key)
+        state = entry.state if entry is not None else aggregate.initial_state
+        for event in events:
+            if version is not None:
+                event = upcast(aggregate, event, version)
+            state = aggregate.apply(state, event)
+        if entry is None:
+            self.entries[key] = Entry(state)
+        else:
+            entry.state = state
+        return state
 
     def state(self, key: str) -> State:
         entry = self.entries.get(key)

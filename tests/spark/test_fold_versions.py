@@ -1,0 +1,138 @@
+"""The fold over a history written by three deployments of the ledger, without Spark.
+
+1. before event versions existed: v1 shapes, no `enhydra.event_version` header;
+2. v1 code that declares no versions: v1 shapes, version header 1;
+3. the ledger of today: `deposited` v2 (with a currency), version header 2.
+
+Each deployment runs the runtime's own batch core and event writer over its commands, on the
+state its predecessor left. The fold of the whole log must equal the independent model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from enhydra.aggregate import Aggregate
+from enhydra.contracts.codec import Entry, decode_entry
+from enhydra.contracts.fold_input import kafka_events_batch
+from enhydra.contracts.headers import EVENT_VERSION_HEADER, header
+from enhydra.evolution import version_headers
+from enhydra.processing.core import InputRecord, process_batch
+from enhydra.processing.step import event_outputs
+from enhydra.snapshots.format import partition_for
+from enhydra.spark.fold import FoldError, applied_events, fold_batches
+from ledger.domain import accounts
+from ledger.workload import generate, model
+from tests.integration.ledger_versions import accounts_v1
+
+pytestmark = pytest.mark.spark
+
+PARTITIONS = 3
+Record = tuple[bytes, int, int, bytes, list[tuple[str, bytes]]]
+
+
+class Engine:
+    """The partitions' stores, command offsets and events logs, kept across deployments."""
+
+    def __init__(self) -> None:
+        self.stores: dict[int, dict[str, Entry]] = {p: {} for p in range(PARTITIONS)}
+        self.offsets = dict.fromkeys(range(PARTITIONS), 0)
+        self.logs: dict[int, list[Record]] = {p: [] for p in range(PARTITIONS)}
+
+    def deploy(
+        self,
+        aggregate: Aggregate,
+        commands: list[tuple[str, dict[str, Any]]],
+        *,
+        versioned: bool = True,
+    ) -> None:
+        """Run one deployment over its commands, 7 a batch, with the runtime's event writer."""
+        for p, store in self.stores.items():
+            mine = [(k, c) for k, c in commands if partition_for(k.encode(), PARTITIONS) == p]
+            log = self.logs[p]
+            for at in range(0, len(mine), 7):
+                records = []
+                for key, command in mine[at : at + 7]:
+                    records.append(
+                        InputRecord(self.offsets[p], key.encode(), orjson.dumps(command))
+                    )
+                    self.offsets[p] += 1
+                result = process_batch(aggregate, records, store.get)
+                for key, value, headers in event_outputs(result, version_headers(aggregate)):
+                    if not versioned:  # written before versions existed
+                        headers = [h for h in headers if h[0] != EVENT_VERSION_HEADER]
+                    log.append((key, p, len(log), value, headers))
+                store.update(result.changed)
+
+    def records(self) -> list[Record]:
+        return [r for p in sorted(self.logs) for r in self.logs[p]]
+
+
+def history() -> tuple[list[tuple[str, dict[str, Any]]], list[Record]]:
+    phases = [generate(40, 400, seed=s) for s in (1, 2, 3)]
+    engine = Engine()
+    engine.deploy(accounts_v1, phases[0], versioned=False)
+    engine.deploy(accounts_v1, phases[1])
+    engine.deploy(accounts, phases[2])
+    return [c for phase in phases for c in phase], engine.records()
+
+
+def batches(records: list[Record]) -> list:
+    ordered = sorted(records, key=lambda r: (r[0], r[1], r[2]))
+    return [kafka_events_batch(ordered[i : i + 50]) for i in range(0, len(ordered), 50)]
+
+
+def folded(aggregate: Aggregate, records: list[Record]) -> dict[str, Any]:
+    return {
+        row["key_text"]: decode_entry(row["value"]).state
+        for batch in fold_batches(batches(records), aggregate)
+        for row in batch.to_pylist()
+    }
+
+
+def test_history_of_three_deployments_folds_to_the_model() -> None:
+    commands, records = history()
+    versions = {header(r[4], EVENT_VERSION_HEADER) for r in records}
+    assert versions == {None, b"1", b"2"}  # the log really mixes them
+    shapes = {tuple(sorted(orjson.loads(r[3]))) for r in records}
+    assert ("amount", "type") in shapes and ("amount", "currency", "type") in shapes
+    assert folded(accounts, records) == model(commands)
+
+
+def test_old_code_refuses_events_of_a_newer_version() -> None:
+    _, records = history()
+    with pytest.raises(FoldError, match=r"'deposited' at version 2.*newer deployment"):
+        folded(accounts_v1, records)
+
+
+def test_a_version_header_that_is_not_a_number_names_the_event() -> None:
+    record = (b"k", 0, 0, b'{"type":"opened"}', [(EVENT_VERSION_HEADER, b"two")])
+    where, name = "key b'k' at partition 0 offset 0", EVENT_VERSION_HEADER
+    for aggregate in (accounts, accounts_v1):
+        with pytest.raises(FoldError, match=rf"{where}: header {name} = b'two' is not a number"):
+            folded(aggregate, [record])
+
+
+def test_corrected_events_keep_the_version_they_were_written_with() -> None:
+    """A clone's events topic holds the original values and versions, read the same way."""
+    commands, records = history()
+    kept = [
+        row for batch in applied_events(batches(records), accounts) for row in batch.to_pylist()
+    ]
+    assert len(kept) == len(records)
+    again = [
+        (
+            row["key"],
+            row["partition"],
+            i,
+            row["value"],
+            [(h["key"], h["value"]) for h in row["headers"] or []],
+        )
+        for i, row in enumerate(kept)
+    ]
+    by_value = {(r[0], r[3], header(r[4], EVENT_VERSION_HEADER)) for r in records}
+    assert {(r[0], r[3], header(r[4], EVENT_VERSION_HEADER)) for r in again} == by_value
+    assert folded(accounts, again) == model(commands)
