@@ -66,31 +66,42 @@ def fold_input(batch: pa.RecordBatch) -> pa.RecordBatch:
     n = batch.num_rows
     headers = batch.column("headers")
     columns = {name: batch.column(name) for name in ("key", "partition", "offset", "value")}
-    for column, header in HEADER_COLUMNS.items():
-        columns[column] = _first_header(headers, header, n)
+    columns.update(_header_columns(headers, n))
     columns["fold_order"] = (
         batch.column("fold_order") if "fold_order" in names else pa.nulls(n, pa.int64())
     )
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(FOLD_COLUMNS))
 
 
-def _first_header(headers: pa.Array, name: str, n: int) -> pa.Array:
-    """Per row, the first value of header `name` (null where it has none)."""
+def _header_columns(headers: pa.Array, n: int) -> dict[str, pa.Array]:
+    """Each of HEADER_COLUMNS as a column; the headers are taken apart once for all of them."""
     if n == 0 or headers.null_count == n:
-        return pa.nulls(n, pa.binary())
-    flat = headers.flatten()  # the header structs of all rows, slice-aware
-    keys, values = flat.flatten()  # struct fields, slice-aware (StructArray.field is not)
+        return {column: pa.nulls(n, pa.binary()) for column in HEADER_COLUMNS}
+    keys, values = headers.flatten().flatten()  # slice-aware (StructArray.field is not)
+    parents = pc.list_parent_indices(headers)
+    row_ids = pa.array(range(n), pa.int64())
+    return {
+        column: _first_header(keys, values, parents, row_ids, name)
+        for column, name in HEADER_COLUMNS.items()
+    }
+
+
+def _first_header(
+    keys: pa.Array, values: pa.Array, parents: pa.Array, row_ids: pa.Array, name: str
+) -> pa.Array:
+    """Per row, the first value of header `name` (null where it has none)."""
+    n = len(row_ids)
     hit = pc.equal(keys, name)
-    rows = pc.filter(pc.list_parent_indices(headers), hit)
+    rows = pc.filter(parents, hit)
     if len(rows) == 0:
         return pa.nulls(n, pa.binary())
-    values = pc.filter(values, hit)
+    found = pc.filter(values, hit)
     if len(rows) > 1:  # keep each row's first hit (rows ascend, so repeats are adjacent)
         first = pc.not_equal(rows.slice(1), rows.slice(0, len(rows) - 1))
         keep = pa.concat_arrays([pa.array([True]), first])
-        rows, values = pc.filter(rows, keep), pc.filter(values, keep)
-    present = pc.is_in(pa.array(range(n), pa.int64()), value_set=rows.cast(pa.int64()))
-    return pc.replace_with_mask(pa.nulls(n, pa.binary()), present, values.cast(pa.binary()))
+        rows, found = pc.filter(rows, keep), pc.filter(found, keep)
+    present = pc.is_in(row_ids, value_set=rows.cast(pa.int64()))
+    return pc.replace_with_mask(pa.nulls(n, pa.binary()), present, found.cast(pa.binary()))
 
 
 def kafka_events_batch(
