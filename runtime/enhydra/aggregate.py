@@ -3,11 +3,15 @@
     decide(state, command) -> list[event]   validation and business rules; raise Rejection
     apply(state, event)    -> state         the only way state changes
 
-Commands, events and states are JSON values (dicts, lists, str, int, float, bool, None). The
-runtime runs the two functions per key; the PySpark job runs the same `apply` over history.
+Commands, events and states are JSON values (dicts, lists, str, int, float, bool, None), or,
+when the aggregate declares them, msgspec Structs (messages.py): commands are then validated at
+the edge and decide/apply receive typed values. The runtime runs the two functions per key;
+the PySpark job runs the same `apply` over history.
 
 Events are kept forever, so their shapes are versioned: `event_versions` and `upcasters`
-(see evolution.py) let `apply` see only current shapes whatever version wrote an event.
+(see evolution.py) let `apply` see only current shapes whatever version wrote an event. Stored
+states carry a version too: `state_version` and `state_migrations` bring an entry written by
+older code to the current shape when it is loaded.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from enhydra.evolution import validate
+from enhydra.contracts.codec import encode_json
+from enhydra.evolution import validate, validate_state_versions
 
 State = Any
 Command = dict[str, Any]
@@ -73,6 +78,15 @@ class Aggregate:
     # Readers of the events chain the upcasters before `apply` (evolution.py).
     event_versions: Mapping[str, int] = field(default_factory=dict)
     upcasters: Mapping[tuple[str, int], Callable[[Event], Event]] = field(default_factory=dict)
+    # Typed declarations (messages.py): msgspec Structs tagged with their type name.
+    command_types: Sequence[type] = ()
+    event_types: Sequence[type] = ()
+    state_type: type | None = None
+    # The version states are stored at now, and from version -> a pure function returning a
+    # state of that version one version up: run when an older entry is loaded.
+    state_version: int = 1
+    state_migrations: Mapping[int, Callable[[State], State]] = field(default_factory=dict)
+    typed: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -80,6 +94,24 @@ class Aggregate:
         if not callable(self.decide) or not callable(self.apply):
             raise TypeError(f"aggregate {self.name!r}: decide and apply must be callables")
         validate(self.name, self.event_versions, self.upcasters)
+        validate_state_versions(self.name, self.state_version, self.state_migrations)
+        if self.command_types or self.event_types or self.state_type is not None:
+            self._declare_types()
+
+    def _declare_types(self) -> None:
+        """Wrap decide/apply/parse so the user's functions see typed values (once: a copy
+        made by dataclasses.replace, or a plugin's dispatcher around them, is not rewrapped)."""
+        from enhydra.messages import Typed, check_declarations, typed_handlers
+
+        check_declarations(self.name, self.command_types, self.event_types, self.state_type)
+        typed = Typed(self.command_types, self.event_types, self.state_type)
+        object.__setattr__(self, "typed", typed)
+        if _is_typed(self.apply):
+            return
+        decide, apply, parse = typed_handlers(typed, self.decide, self.apply, self.parse)
+        object.__setattr__(self, "decide", decide)
+        object.__setattr__(self, "apply", apply)
+        object.__setattr__(self, "parse", parse)
 
     def bind(self, app_id: str) -> BoundAggregate:
         """Resolve topic names for one application."""
@@ -90,6 +122,10 @@ class Aggregate:
             rejections_topic=self.rejections_topic or f"{app_id}-rejections",
             changelog_topic=f"{app_id}-{self.name}-changelog",
         )
+
+
+def _is_typed(fn: Any) -> bool:
+    return bool(getattr(fn, "typed", False) or getattr(getattr(fn, "base", None), "typed", False))
 
 
 @dataclass(frozen=True)
@@ -119,8 +155,8 @@ def replay(aggregate: Aggregate, events: Sequence[Event], state: State = None) -
 
 
 def dumps(value: Any) -> bytes:
-    """The JSON serde used for commands, events, rejections and states."""
-    return orjson.dumps(value)
+    """The JSON serde used for commands, events, rejections and states (typed ones too)."""
+    return encode_json(value)
 
 
 def loads(data: bytes) -> Any:

@@ -37,12 +37,14 @@ class EventVersionError(ValueError):
 
 
 def event_type(event: Event) -> str | None:
-    """The event's type (its "type" field), or None for an event without one."""
+    """The event's type (its "type" field, or a typed event's tag), or None without one."""
     if type(event) is dict:
         name = event.get(TYPE_FIELD)
         if isinstance(name, str):
             return name
-    return None
+        return None
+    config = getattr(type(event), "__struct_config__", None)  # a typed event (messages.py)
+    return config.tag if config is not None and isinstance(config.tag, str) else None
 
 
 def validate(name: str, event_versions: Mapping[str, int], upcasters: Upcasters) -> None:
@@ -80,6 +82,62 @@ def validate(name: str, event_versions: Mapping[str, int], upcasters: Upcasters)
             )
         if not callable(fn):
             raise ValueError(f"aggregate {name!r}: upcaster ({event!r}, {step}) is not callable")
+
+
+def validate_state_versions(
+    name: str, state_version: int, migrations: Mapping[int, Callable[[Any], Any]]
+) -> None:
+    """Raise ValueError unless every stored state version has a migration path to the current.
+
+    Checked when the aggregate is built, like the upcasters.
+    """
+    if type(state_version) is not int or state_version < 1:
+        raise ValueError(
+            f"aggregate {name!r}: state_version {state_version!r}: versions are whole numbers "
+            "from 1"
+        )
+    for step in range(1, state_version):
+        if step not in migrations:
+            raise ValueError(
+                f"aggregate {name!r}: state is at version {state_version} but has no migration "
+                f"from version {step} to {step + 1}; add state_migrations[{step}]"
+            )
+    for step, fn in migrations.items():
+        if type(step) is not int or not 1 <= step < state_version:
+            raise ValueError(
+                f"aggregate {name!r}: state migration from version {step!r} migrates beyond the "
+                f"declared state_version {state_version}; bump state_version"
+            )
+        if not callable(fn):
+            raise ValueError(f"aggregate {name!r}: state migration from {step} is not callable")
+
+
+class StateVersionError(ValueError):
+    """A stored state cannot be brought to the current state version."""
+
+
+def migrate_state(aggregate: Aggregate, state: Any, version: int) -> Any:
+    """A stored state of `version` as the current state version: migrations chained.
+
+    A state of a newer version was written by a newer deployment: refused, never guessed at.
+    """
+    current = aggregate.state_version
+    if version == current:
+        return state
+    if version > current or version < 1:
+        raise StateVersionError(
+            f"aggregate {aggregate.name!r}: a stored state is at version {version}; this code "
+            f"reads state versions up to {current} (written by a newer deployment?)"
+        )
+    for step in range(version, current):
+        try:
+            state = aggregate.state_migrations[step](state)
+        except Exception as exc:
+            raise StateVersionError(
+                f"aggregate {aggregate.name!r}: the state migration from version {step} to "
+                f"{step + 1} failed: {exc!r}"
+            ) from exc
+    return state
 
 
 def current_version(aggregate: Aggregate, event: Event) -> int:

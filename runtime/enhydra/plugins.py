@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from enhydra.aggregate import Aggregate, Apply, Command, Decide, Event, State
+from enhydra.evolution import event_type as type_of
 from enhydra.projections.model import Projection
 
 GROUP = "enhydra.handlers"
@@ -41,12 +42,22 @@ class Handler:
     apply: Mapping[str, Apply]
     parse: Callable[[Command], Command] | None = None
     type_field: str = "type"
+    # The versions of the event types this handler emits and their upcasters, as on an
+    # Aggregate (evolution.py): merged into the extended aggregate.
+    event_versions: Mapping[str, int] = field(default_factory=dict)
+    upcasters: Mapping[tuple[str, int], Callable[[Event], Event]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("handler command type must be a non-empty string")
         if not callable(self.decide) or not all(callable(f) for f in self.apply.values()):
             raise TypeError(f"handler {self.command!r}: decide and apply must be callables")
+        foreign = sorted(set(self.event_versions) - set(self.apply))
+        if foreign:
+            raise ValueError(
+                f"handler {self.command!r}: event_versions names {foreign}, which it does not "
+                "apply; a handler versions only its own event types"
+            )
 
 
 class _Dispatch:
@@ -59,8 +70,10 @@ class _Dispatch:
         self.__qualname__ = type(self).__qualname__
         self.__module__ = __name__
 
-    def target(self, value: Mapping[str, Any]) -> Callable | None:
-        return self.by_type.get(value.get(self.field_name), self.base)  # type: ignore[arg-type]
+    def target(self, value: Any) -> Callable | None:
+        if type(value) is dict:
+            return self.by_type.get(value.get(self.field_name), self.base)  # type: ignore[arg-type]
+        return self.by_type.get(type_of(value), self.base)  # type: ignore[arg-type]
 
     def parts(self) -> list[tuple[str, Callable]]:
         """(label, function) of every component: the topology lists them."""
@@ -106,6 +119,8 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     base_decide, decides = _flatten(aggregate.decide)
     base_apply, applies = _flatten(aggregate.apply)
     base_parse, parses = _flatten(aggregate.parse)
+    versions = dict(aggregate.event_versions)
+    upcasters = dict(aggregate.upcasters)
     for handler in handlers:
         if handler.command in decides:
             raise PluginError(f"command type {handler.command!r} is handled twice")
@@ -115,6 +130,8 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
             if event_type in applies:
                 raise PluginError(f"event type {event_type!r} is applied by two handlers")
             applies[event_type] = fn
+        versions.update(handler.event_versions)
+        upcasters.update(handler.upcasters)
     if not handlers:
         return aggregate
     field_name = handlers[0].type_field
@@ -123,6 +140,8 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
         decide=_Decide(base_decide, decides, field_name),
         apply=_Apply(base_apply, applies, "type"),
         parse=_Parse(base_parse, parses, field_name),
+        event_versions=versions,
+        upcasters=upcasters,
     )
 
 

@@ -18,7 +18,16 @@ ROOT = Path(enhydra.__file__).parent
 # part -> the layer it is in (0 = the bottom). A part is a package folder or a top-level module.
 LAYERS: list[tuple[str, ...]] = [
     # pure: no I/O, importable on a Spark executor alone
-    ("contracts", "aggregate", "evolution", "assignment", "settings", "windows", "logs"),
+    (
+        "contracts",
+        "aggregate",
+        "evolution",
+        "messages",
+        "assignment",
+        "settings",
+        "windows",
+        "logs",
+    ),
     # concerns over local resources or plain data: RocksDB stores, error policies and the DLQ
     # format, the snapshot format and storage, projections' fold, plugins, the declaration
     ("stores", "errors", "projections.model", "snapshots.format", "snapshots.storage"),

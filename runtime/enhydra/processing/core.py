@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
-from enhydra.contracts.codec import Entry
+from enhydra.contracts.codec import Entry, encode_json
 from enhydra.errors.failure import Failure, Stage
+from enhydra.evolution import migrate_state
 
 
 @dataclass(slots=True)
@@ -135,7 +136,8 @@ def process_batch(
     parse = aggregate.parse
     initial_state = aggregate.initial_state
     id_field = aggregate.command_id_field
-    dumps = orjson.dumps
+    state_version = aggregate.state_version
+    dumps = encode_json
     give_up = give_up or {}
     for record in records:
         offset = record.offset
@@ -153,6 +155,13 @@ def process_batch(
         owned = entry is not None
         if entry is None:
             entry = load(key)
+            if entry is not None and entry.version != state_version:
+                try:  # written by older code: brought to the current state version once
+                    state = migrate_state(aggregate, entry.state, entry.version)
+                except ValueError as exc:
+                    result.failures.append(Failure(record, Stage.PROCESS, exc, key))
+                    continue
+                entry = Entry(state, entry.offset, list(entry.command_ids), state_version)
         if entry is None:
             state = initial_state
         elif offset <= entry.offset:
@@ -200,6 +209,7 @@ def process_batch(
                     del ids[:-dedup_window]
             entry.state = state
             entry.offset = offset
+            entry.version = state_version
         else:
             if entry is None:
                 ids = [command_id] if dedup_window else []
@@ -211,6 +221,6 @@ def process_batch(
                 )
             else:
                 ids = list(entry.command_ids)
-            changed[key] = Entry(state=state, offset=offset, command_ids=ids)
+            changed[key] = Entry(state, offset, ids, state_version)
         emitted.append(EmittedEvents(key, command_id, offset, events, payloads))
     return result

@@ -241,7 +241,8 @@ def _batch_from_pairs(pairs: list[tuple[bytes, bytes]]) -> pa.RecordBatch:
 class _Frames:
     """Where the parts of each stored envelope are, found with vector operations on a chunk.
 
-    encode_entry stores `[offset,[command ids],state]`. Positions are byte offsets into the
+    encode_entry stores `[offset,[command ids],state]` (and a version after the state when it is
+    above 1). Positions are byte offsets into the
     chunk's data buffer; nothing is decoded or copied to find them.
     """
 
@@ -290,6 +291,11 @@ class _Frames:
             & (data[ends - 1] == ord("]"))
         )
         if not ok.all():
+            return None
+        # `[offset,[ids],state,version]` (a state version above 1) ends in a digit, as does a
+        # bare-number state: both take the exact path, which knows where the state ends.
+        before = data[ends - 2]
+        if ((before >= ord("0")) & (before <= ord("9"))).any():
             return None
         ids = np.empty(2 * len(starts), np.int64)  # [comma + 1, close) of each value
         ids[0::2], ids[1::2] = comma + 1, close

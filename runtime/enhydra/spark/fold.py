@@ -34,11 +34,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from enhydra.aggregate import Aggregate, loads
-from enhydra.contracts.codec import Entry, encode_entry
+from enhydra.contracts.codec import Entry, encode_entry, encode_json
 from enhydra.contracts.fold_input import fold_input
 from enhydra.contracts.headers import (
     COMMAND_ID_HEADER,
@@ -110,8 +109,10 @@ class EventFold:
         decode: Callable[[bytes], Any] = loads,
         keep_events: bool = False,
         read: Reader | None = None,
+        state_version: int = 1,
     ) -> None:
         self.apply = apply
+        self.state_version = state_version  # what the written entries record
         self.read = read  # upcasts an event from its version header (evolution.reader)
         self.keep_events = keep_events
         self.kept: list[tuple[Any, ...]] = []  # applied events, when keep_events
@@ -144,8 +145,8 @@ class EventFold:
             ids = [i.decode("utf-8") for i in self.ids]
         except UnicodeDecodeError as exc:
             raise FoldError(f"key {key!r}: a {COMMAND_ID_HEADER} is not UTF-8: {exc}") from None
-        value = encode_entry(Entry(self.state, self.offset, ids))
-        state = orjson.dumps(self.state).decode("utf-8")
+        value = encode_entry(Entry(self.state, self.offset, ids, self.state_version))
+        state = encode_json(self.state).decode("utf-8")
         return (key, self.partition, value, key_text, state, self.offset, self.applied)
 
     def feed(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -301,6 +302,7 @@ def fold_batches(
         initial_state=aggregate.initial_state,
         dedup_window=dedup_window,
         read=reader(aggregate),
+        state_version=aggregate.state_version,
     )
     pending: list[tuple[Any, ...]] = []
     for batch in batches:
@@ -344,6 +346,7 @@ def applied_events(
         dedup_window=dedup_window,
         keep_events=True,
         read=reader(aggregate),
+        state_version=aggregate.state_version,
     )
     for batch in batches:
         if batch.num_rows == 0:

@@ -89,7 +89,7 @@ class Driver:
                 event = upcast(aggregate, event, version)
             state = aggregate.apply(state, event)
         if entry is None:
-            self.entries[key] = Entry(state)
+            self.entries[key] = Entry(state, version=aggregate.state_version)
         else:
             entry.state = state
         return state

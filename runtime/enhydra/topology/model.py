@@ -101,6 +101,46 @@ def _schemas(schemas: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"key": key, **{n: schemas.get(n) for n in ("commands", "events", "state")}}
 
 
+def messages_section(aggregate: Aggregate) -> dict[str, Any]:
+    """The aggregate's message contracts: command and event types with their JSON Schemas
+    (derived from typed declarations, messages.py), event versions with their upcaster steps,
+    and the state's version with its migration steps.
+
+    Untyped aggregates list the event types they version, without schemas. The baseline
+    (baseline.py) keeps the schema of every event version ever deployed next to these.
+    """
+    typed = aggregate.typed
+    schema_of: Any = None
+    if typed is not None:
+        from enhydra.messages import json_schema as schema_of
+    commands: dict[str, Any] = {}
+    events: dict[str, Any] = {}
+    if typed is not None:
+        for name, cls in zip(typed.command_names, typed.command_types, strict=True):
+            commands[name] = {"schema": schema_of(cls)}
+        for name, cls in zip(typed.event_names, typed.event_types, strict=True):
+            version = aggregate.event_versions.get(name, 1)
+            events[name] = {"version": version, "schemas": {str(version): schema_of(cls)}}
+    for name, version in aggregate.event_versions.items():
+        events.setdefault(name, {"version": version, "schemas": {}})
+    for name, event in events.items():
+        event["upcasters"] = sorted(s for (n, s) in aggregate.upcasters if n == name)
+    state_schema = None
+    if typed is not None and typed.state_type is not None:
+        state_schema = schema_of(typed.state_type)
+    return {
+        "store": aggregate.name,
+        "typed": typed is not None,
+        "commands": dict(sorted(commands.items())),
+        "events": dict(sorted(events.items())),
+        "state": {
+            "version": aggregate.state_version,
+            "migrations": sorted(aggregate.state_migrations),
+            "schema": state_schema,
+        },
+    }
+
+
 def build_topology(
     app_id: str,
     aggregate: Aggregate,
@@ -206,6 +246,7 @@ def build_topology(
                 "code": code_digest(aggregate.decide, aggregate.apply, aggregate.parse),
             }
         ],
+        "messages": messages_section(aggregate),
         "internal_topics": internal,
         "projections": projected,
     }

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from enhydra.contracts.codec import decode_entry
 from enhydra.contracts.partitioner import partition_for
+from enhydra.evolution import migrate_state
 from enhydra.query.api import ApiContext, ApiError, json_response, unavailable
 from enhydra.query.openapi import Param, Route, key_param, store_param
 from enhydra.query.routing import FORWARDED_HEADER, PeerAnswer
@@ -60,7 +61,12 @@ def routes(ctx: ApiContext) -> list[Route]:
         if raw is None:
             body = {"error": "no such key", "code": "no_such_key", "key": key}
             return json_response({**body, "partition": partition}, 404, headers)
-        return json_response(decode_entry(raw).state, 200, headers)
+        entry = decode_entry(raw)
+        state = entry.state
+        engine = ctx.get_engine()
+        if engine is not None:  # an entry older code wrote is shown as this code reads it
+            state = migrate_state(engine.aggregate.aggregate, state, entry.version)
+        return json_response(state, 200, headers)
 
     async def get_key(request: web.Request, args: dict[str, Any]) -> web.StreamResponse:
         store, key, allow_stale = args["store"], args["key"], args["allow_stale"]
