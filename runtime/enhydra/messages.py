@@ -84,7 +84,7 @@ def _reason(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     if text.startswith("Invalid value") and f"`$.{TYPE_FIELD}`" in text:
         return f"unknown command type: {text}"
-    return text
+    return f"the command does not fit its declared type: {text}"
 
 
 class Typed:

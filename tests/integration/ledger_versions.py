@@ -58,3 +58,21 @@ v1_service = Service("ledger", accounts_v1, partitions=4)
 v2_service = Service(
     "ledger", accounts, partitions=4, projections=[Projection("balances", balances)]
 )
+
+
+# -- a stored-state version: the ledger whose state also names its currency ---------------
+
+
+def state_v1_to_v2(state: Any) -> Any:
+    """State v1 {balance, status, version} -> v2: the balance's currency, always euros then."""
+    return {**state, "currency": "EUR"}
+
+
+def apply_state_v2(state: Any, event: Event) -> Any:
+    return {**ledger_apply(state, event), "currency": "EUR"}
+
+
+accounts_state_v2 = replace(
+    accounts, apply=apply_state_v2, state_version=2, state_migrations={1: state_v1_to_v2}
+)
+state_v2_service = Service("ledger", accounts_state_v2, partitions=4)

@@ -3,8 +3,9 @@
 v1 publishes `deposited` without a currency (version header 1); the upgraded ledger publishes
 v2 with one (version header 2) and declares the upcaster. After the upgrade every path that
 reads the whole events topic must equal the independent model of all the commands: the live
-service, a projection, time travel and a Spark backfill. The v1 code, pointed at the upgraded
-history, refuses it instead of guessing.
+service, a projection, time travel, a Spark backfill and a clone of the backfill's snapshot
+run by the typed ledger (ledger.typed). The v1 code, pointed at the upgraded history, refuses
+it instead of guessing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 V1 = "tests.integration.ledger_versions:v1_service"
 V2 = "tests.integration.ledger_versions:v2_service"
 TARGET = "ledger.service:service"  # the ledger as released: v2
+TYPED = "ledger.typed:service"  # the same ledger, declared with types
 
 
 def snapshot_states(path) -> dict[str, dict]:
@@ -105,3 +107,25 @@ def test_a_v1_history_reads_as_v2_on_every_path(service_factory, kafka_bootstrap
     )
     assert job.returncode == 0, job.stderr[-4000:]
     assert snapshot_states(tmp_path / "backfill") == expected
+
+    # the backfill's snapshot cloned into a new app, run by the typed ledger: it reads the
+    # cloned states (written as JSON) and goes on deciding on them
+    clone_app = f"{app_id}-typed"
+    cloned = cli(
+        *("snapshot", "clone", str(tmp_path / "backfill"), TARGET, "--to-app", clone_app),
+        *("--commands-topic", f"{clone_app}-commands", "--bootstrap", kafka_bootstrap),
+    )
+    assert "cloned" in cloned.stdout
+    typed = service_factory(
+        TYPED,
+        "typed",
+        extra_env={"ENHYDRA_APP_ID": clone_app, "ENHYDRA_COMMANDS_TOPIC": f"{clone_app}-commands"},
+    )
+    typed.wait_ready()
+    assert read_accounts([typed], sorted(expected)) == expected
+    account = next(k for k, s in sorted(expected.items()) if s["status"] == "open")
+    deposit = {"command_id": "after-clone", "type": "deposit", "account": account, "amount": 7}
+    feed(kafka_bootstrap, clone_app, [(account, deposit)])
+    status, body = typed.get(f"/v1/stores/accounts/keys/{account}")
+    assert status == 200 and body["balance"] == expected[account]["balance"] + 7, body
+    assert typed.stop() == 0

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from enhydra.contracts.codec import decode_entry
 from enhydra.contracts.partitioner import partition_for
-from enhydra.evolution import migrate_state
+from enhydra.evolution import StateVersionError, migrate_state
 from enhydra.query.api import ApiContext, ApiError, json_response, unavailable
 from enhydra.query.openapi import Param, Route, key_param, store_param
 from enhydra.query.routing import FORWARDED_HEADER, PeerAnswer
@@ -65,7 +65,10 @@ def routes(ctx: ApiContext) -> list[Route]:
         state = entry.state
         engine = ctx.get_engine()
         if engine is not None:  # an entry older code wrote is shown as this code reads it
-            state = migrate_state(engine.aggregate.aggregate, state, entry.version)
+            try:
+                state = migrate_state(engine.aggregate.aggregate, state, entry.version)
+            except StateVersionError as exc:
+                raise ApiError(409, "state_version", str(exc), key=key) from None
         return json_response(state, 200, headers)
 
     async def get_key(request: web.Request, args: dict[str, Any]) -> web.StreamResponse:
