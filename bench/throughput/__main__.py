@@ -35,11 +35,12 @@ from bench.throughput.workload import COMMANDS_TOPIC, PARTITIONS, command_record
 from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import configure_logging
 
-SYSTEMS = ("raw-dict", "raw-rocksdb", "enhydra", "quix", "faust")
+SYSTEMS = ("raw-dict", "raw-rocksdb", "enhydra", "enhydra-typed", "quix", "faust")
 LABELS = {
     "raw-dict": "raw aiokafka, dict state (ceiling)",
     "raw-rocksdb": "raw aiokafka, rocksdict + changelog",
     "enhydra": "Enhydra ledger",
+    "enhydra-typed": "Enhydra ledger, typed (msgspec)",
     "quix": "Quix Streams",
     "faust": "faust-streaming",
 }
@@ -62,6 +63,8 @@ def launch(name: str, app: str, bootstrap: str, topic: str, run_dir: Path) -> ha
         return harness.raw(app, bootstrap, topic, run_dir, name.removeprefix("raw-"))
     if name == "enhydra":
         return harness.enhydra(app, bootstrap, topic, run_dir)
+    if name == "enhydra-typed":
+        return harness.enhydra(app, bootstrap, topic, run_dir, typed=True)
     if name == "faust":
         return harness.faust(app, bootstrap, topic, run_dir)
     if name == "quix":
@@ -150,6 +153,15 @@ def ratios(summary: dict, lat: dict | None) -> list[dict]:
         rate,
         fig("raw-rocksdb", "rate"),
         None,
+    )
+    # what typed declarations cost: the typed ledger against the untyped one (issue: >= 0.9)
+    add(
+        "records/s, typed / untyped",
+        "its untyped ledger",
+        "rec/s",
+        fig("enhydra-typed", "rate"),
+        rate,
+        0.9,
     )
     add(
         "peak RSS",

@@ -331,12 +331,13 @@ def enhydra_env(app: str, bootstrap: str, topic: str, run_dir: Path) -> dict[str
 
 
 ENHYDRA_TARGET = "ledger.service:service"
+TYPED_TARGET = "ledger.typed:service"  # the same ledger declared with msgspec Structs
 
 
-def enhydra(app: str, bootstrap: str, topic: str, run_dir: Path) -> Launch:
-    run = ["-m", "enhydra.cli.main", "run", ENHYDRA_TARGET]
+def enhydra(app: str, bootstrap: str, topic: str, run_dir: Path, *, typed: bool = False) -> Launch:
+    run = ["-m", "enhydra.cli.main", "run", TYPED_TARGET if typed else ENHYDRA_TARGET]
     return Launch(
-        "enhydra",
+        "enhydra-typed" if typed else "enhydra",
         app,
         [sys.executable, *run],
         [f"{app}-events", f"{app}-rejections"],

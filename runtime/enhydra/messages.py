@@ -19,7 +19,7 @@ out, and Spark executors of untyped services need no msgspec.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -76,17 +76,6 @@ def json_schema(cls: type) -> dict[str, Any]:
     return schema
 
 
-def _union(types: Sequence[type]) -> Any:
-    return types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007
-
-
-def _reason(exc: msgspec.ValidationError) -> str:
-    text = str(exc)
-    if text.startswith("Invalid value") and f"`$.{TYPE_FIELD}`" in text:
-        return f"unknown command type: {text}"
-    return f"the command does not fit its declared type: {text}"
-
-
 class Typed:
     """The conversions one typed aggregate needs, built once."""
 
@@ -97,23 +86,32 @@ class Typed:
         self.command_names = tuple(tag_of(c) for c in commands)
         self.event_names = tuple(tag_of(e) for e in events)
         self._events = frozenset(events)
-        self._command = _union(self.command_types) if commands else None
-        self._event = _union(self.event_types) if events else None
+        # by type name: converting to one Struct is ~20x cheaper than to a Union of them
+        self._commands = dict(zip(self.command_names, self.command_types, strict=True))
+        self._event_classes = dict(zip(self.event_names, self.event_types, strict=True))
+        self.encode = msgspec.json.Encoder().encode  # events, typed or dicts (plugins')
 
     def command(self, command: dict[str, Any]) -> Any:
         """The decoded command as its declared type, or InvalidCommand saying why not."""
-        if self._command is None:
+        if not self._commands:
             return command
+        cls = self._commands.get(command.get(TYPE_FIELD))
+        if cls is None:
+            raise InvalidCommand(
+                f"unknown command type {command.get(TYPE_FIELD)!r}; expected one of "
+                f"{', '.join(self.command_names)}"
+            )
         try:
-            return msgspec.convert(command, self._command)
+            return msgspec.convert(command, cls)
         except msgspec.ValidationError as exc:
-            raise InvalidCommand(_reason(exc)) from None
+            raise InvalidCommand(f"the command does not fit its declared type: {exc}") from None
 
     def event(self, event: Any) -> Any:
         """An event as its declared type: read from history (JSON) or returned by decide."""
         if type(event) is dict:
-            return msgspec.convert(event, self._event) if self._event is not None else event
-        if self._event is not None and type(event) not in self._events:
+            cls = self._event_classes.get(event.get(TYPE_FIELD))
+            return msgspec.convert(event, cls) if cls is not None else event
+        if self._events and type(event) not in self._events:
             raise TypeError(
                 f"{type(event).__qualname__} is not a declared event type "
                 f"(declared: {', '.join(self.event_names)})"

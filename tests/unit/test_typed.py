@@ -40,7 +40,7 @@ def run(aggregate, commands):
 @given(seed=st.integers(0, 10_000))
 def test_the_typed_ledger_writes_what_the_untyped_one_writes(seed):
     commands = generate(20, 300, seed=seed)
-    plain, plain_out = run(domain.accounts, commands)
+    _, plain_out = run(domain.accounts, commands)
     typed_, typed_out = run(typed.accounts, commands)
     for a, b in zip(plain_out, typed_out, strict=True):
         assert [as_json(e) for e in b.events] == a.events
@@ -229,3 +229,15 @@ def test_a_plugin_handler_declares_the_versions_of_its_own_event_types():
     assert state["balance"] == -1
     with pytest.raises(ValueError, match="does not apply"):
         Handler(command="x", decide=lambda s, c: [], apply={}, event_versions={"other": 2})
+
+
+def test_replay_projection_upcasts_stored_events_like_the_running_projection():
+    from enhydra.projections.model import Projection, replay_projection
+    from tests.integration.ledger_versions import balances
+
+    projection = Projection("balances", balances)
+    history = [("a", {"type": "opened"}, 1), ("a", {"type": "deposited", "amount": 4}, 1)]
+    history.append(("a", {"type": "deposited", "amount": 2, "currency": "EUR"}, 2))
+    assert replay_projection(projection, history, aggregate=domain.accounts) == {"a": {"EUR": 6}}
+    with pytest.raises(ValueError, match="need the aggregate"):
+        replay_projection(projection, history)

@@ -137,7 +137,7 @@ def process_batch(
     initial_state = aggregate.initial_state
     id_field = aggregate.command_id_field
     state_version = aggregate.state_version
-    dumps = encode_json
+    dumps = aggregate.typed.encode if aggregate.typed is not None else encode_json
     give_up = give_up or {}
     for record in records:
         offset = record.offset

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from enhydra.aggregate import Event, State
+from enhydra.aggregate import Aggregate, Event, State
 from enhydra.contracts.headers import Source, event_source
-from enhydra.evolution import Reader, is_unversioned, refuse
+from enhydra.evolution import Reader, is_unversioned, refuse, upcast
 
 __all__ = [
     "EventRecord",
@@ -166,10 +166,26 @@ def fold_batch(
     return result
 
 
-def replay_projection(projection: Projection, events: Iterable[tuple[str, Event]]) -> dict:
-    """Every key's state after folding (key, event) pairs: what the running projection holds."""
+def replay_projection(
+    projection: Projection,
+    events: Iterable[tuple[str, Event] | tuple[str, Event, int]],
+    *,
+    aggregate: Aggregate | None = None,
+) -> dict:
+    """Every key's state after folding (key, event) pairs: what the running projection holds.
+
+    A (key, event, version) triple is an event as stored at that version: it is upcast with
+    the `aggregate`'s upcasters first, as the running projection does with the header.
+    """
     states: dict[str, State] = {}
-    for key, event in events:
+    for item in events:
+        key, event = item[0], item[1]
+        if len(item) == 3:
+            if aggregate is None:
+                raise ValueError(
+                    "events with a version need the aggregate whose upcasters read them"
+                )
+            event = upcast(aggregate, event, item[2])  # type: ignore[misc]
         state = projection.project(states.get(key, projection.initial_state), event)
         if state is None:
             states.pop(key, None)
