@@ -31,7 +31,10 @@ def commands(
     group: click.Group = main, path: str = "enhydra"
 ) -> Iterator[tuple[str, click.Command]]:
     yield path, group
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # sub-commands load lazily (cli/main.py)
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             yield from commands(command, f"{path} {name}")
         else:
@@ -53,6 +56,20 @@ def test_every_command_and_group_shows_an_example(path: str) -> None:
     assert "Example:" in text or "Examples:" in text, text
     example = text.split("Example", 1)[1]
     assert "enhydra " in example, f"{path}: the example should show the command in use"
+
+
+def test_run_does_not_load_what_only_other_commands_need() -> None:
+    """A running service's memory: `enhydra run` imports neither pyarrow nor cookiecutter."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from enhydra.cli.main import main; "
+        "main(['run', '--help'], standalone_mode=False); "
+        "print(sorted(m for m in ('pyarrow', 'numpy', 'cookiecutter', 'pyspark') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_the_walk_found_the_whole_tree() -> None:

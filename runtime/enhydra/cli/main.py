@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import click
 
-from enhydra.cli.backfill import backfill
-from enhydra.cli.common import PlainGroup
-from enhydra.cli.dlq import dlq
-from enhydra.cli.generate import generate
-from enhydra.cli.image import image
-from enhydra.cli.kafka import kafka
-from enhydra.cli.new import new
-from enhydra.cli.query import query
-from enhydra.cli.reset import reset
-from enhydra.cli.run import run
-from enhydra.cli.send import send
-from enhydra.cli.snapshot import snapshot
-from enhydra.cli.topology import topology
-from enhydra.cli.upgrade_runtime import upgrade_runtime
+from enhydra.cli.common import LazyGroup
+
+# name -> where it lives; imported when used (LazyGroup), so a running service holds only
+# what `run` needs.
+COMMANDS = {
+    "backfill": "enhydra.cli.backfill:backfill",
+    "dlq": "enhydra.cli.dlq:dlq",
+    "generate": "enhydra.cli.generate:generate",
+    "image": "enhydra.cli.image:image",
+    "kafka": "enhydra.cli.kafka:kafka",
+    "new": "enhydra.cli.new:new",
+    "query": "enhydra.cli.query:query",
+    "reset": "enhydra.cli.reset:reset",
+    "run": "enhydra.cli.run:run",
+    "send": "enhydra.cli.send:send",
+    "snapshot": "enhydra.cli.snapshot:snapshot",
+    "topology": "enhydra.cli.topology:topology",
+    "upgrade-runtime": "enhydra.cli.upgrade_runtime:upgrade_runtime",
+}
 
 
-@click.group(cls=PlainGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="enhydra")
 def main() -> None:
     """Enhydra: event-sourced microservices on Kafka.
@@ -36,21 +41,6 @@ def main() -> None:
       enhydra new && cd billing && make test
       enhydra run billing.service:service --web-port 6067
     """
-
-
-main.add_command(image)
-main.add_command(backfill)
-main.add_command(dlq)
-main.add_command(generate)
-main.add_command(kafka)
-main.add_command(new)
-main.add_command(query)
-main.add_command(reset)
-main.add_command(run)
-main.add_command(send)
-main.add_command(snapshot)
-main.add_command(topology)
-main.add_command(upgrade_runtime)
 
 
 if __name__ == "__main__":
