@@ -66,7 +66,8 @@ def test_run_does_not_load_what_only_other_commands_need() -> None:
     code = (
         "import sys; from enhydra.cli.main import main; "
         "main(['run', '--help'], standalone_mode=False); "
-        "print(sorted(m for m in ('pyarrow', 'numpy', 'cookiecutter', 'pyspark') if m in sys.modules))"
+        "heavy = ('pyarrow', 'numpy', 'cookiecutter', 'pyspark'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
