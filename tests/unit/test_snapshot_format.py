@@ -493,3 +493,18 @@ def test_a_failing_write_stops_cleanly_wherever_it_fails(tmp_path: Path, monkeyp
     with pytest.raises(OSError, match="No space left"):  # only the footer is left to write
         writer.write_partition(0, iter(rows[:10]))
     assert not list((tmp_path / "s").rglob("*.tmp"))
+
+
+def test_an_exclusive_partition_write_keeps_the_first_file_when_two_owners_export(tmp_path):
+    """A partition that moves during a live snapshot may be exported by both owners: the
+    second write must not replace the file the first one reported."""
+    from enhydra.snapshots.format import PartitionTaken, write_partition_file
+
+    first = [(b"a", encode_entry(Entry({"n": 1}, offset=1)))]
+    second = [(b"a", encode_entry(Entry({"n": 2}, offset=2))), (b"b", encode_entry(Entry(3)))]
+    kept = write_partition_file(tmp_path, "accounts", 0, first, exclusive=True)
+    with pytest.raises(PartitionTaken, match="written by another instance first"):
+        write_partition_file(tmp_path, "accounts", 0, second, exclusive=True)
+    path = tmp_path / kept.file
+    assert path.stat().st_size == kept.bytes and kept.rows == 1
+    assert [p.name for p in path.parent.iterdir()] == [path.name], "no temp file left behind"

@@ -24,6 +24,7 @@ import queue
 import re
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -626,10 +627,18 @@ def _write_in_threads(out: _HashedFile, chunks: Iterator[Chunk], partition: int)
     return outcome["rows"]
 
 
+class PartitionTaken(SnapshotError):
+    """Another writer placed this partition's file first (`exclusive`); this copy was dropped."""
+
+
 def write_partition_file(
-    directory: Path | str, store: str, partition: int, rows: Any
+    directory: Path | str, store: str, partition: int, rows: Any, *, exclusive: bool = False
 ) -> PartitionFile:
     """Write one store partition's Parquet file (atomically) and describe it for the manifest.
+
+    `exclusive`: never replace a file already there (raise PartitionTaken). A live snapshot
+    needs it: when a partition moves during the snapshot, its old and new owner may both
+    export it, and the manifest must describe the one file that stays.
 
     `rows` is an Arrow Table/RecordBatch (sorted here), or an iterable of (key, value) pairs or
     Arrow batches already in key order (streamed with bounded memory; the order is checked,
@@ -642,7 +651,7 @@ def write_partition_file(
     rel = partition_file(store, partition)
     target = directory / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     if isinstance(rows, pa.Table | pa.RecordBatch):
         chunks = _arrow_chunks(rows, sort=True)
     else:
@@ -651,7 +660,14 @@ def write_partition_file(
     try:
         count = _write_in_threads(out, chunks, partition)
         sha256 = out.sync_and_close()
-        os.replace(tmp, target)
+        if exclusive:
+            try:
+                os.link(tmp, target)  # fails if the target exists: the first writer wins
+            except FileExistsError:
+                raise PartitionTaken(f"{rel} was written by another instance first") from None
+            tmp.unlink()
+        else:
+            os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException:
         if not out.closed:

@@ -32,6 +32,7 @@ from enhydra.snapshots.format import (
     Cut,
     Manifest,
     PartitionFile,
+    PartitionTaken,
     SnapshotError,
     partition_file,
     write_partition_file,
@@ -142,7 +143,8 @@ class LiveSnapshots:
                 request.taken.add(message["partition"])
             collecting = self._collecting.get(message["id"])
             if collecting is not None:
-                collecting.parts[message["partition"]] = message
+                # the first report stands: it describes the file that was kept
+                collecting.parts.setdefault(message["partition"], message)
                 if len(collecting.parts) >= message["partitions"]:
                     collecting.done.set()
         elif kind == SNAPSHOT_DONE:
@@ -189,7 +191,18 @@ class LiveSnapshots:
                 engine.release(partition)
                 return
             started = time.monotonic()
-            written = await asyncio.to_thread(self._export, request, partition, store, bound.name)
+            try:
+                written = await asyncio.to_thread(
+                    self._export, request, partition, store, bound.name
+                )
+            except PartitionTaken:
+                # moved during the snapshot and exported by its other owner too: that copy is
+                # the one in the snapshot, and it reports it
+                engine.release(partition)
+                log.info(
+                    "snapshot partition already written", snapshot=request.id, partition=partition
+                )
+                return
             engine.release(partition)
             log.info(
                 "snapshot partition written",
@@ -228,7 +241,7 @@ class LiveSnapshots:
         storage = open_storage(request.storage)
         local = storage.local_dir(request.id)
         if local is not None:
-            return write_partition_file(local, name, partition, store.items())
+            return write_partition_file(local, name, partition, store.items(), exclusive=True)
         with tempfile.TemporaryDirectory(prefix="enhydra-export-") as tmp:
             written = write_partition_file(Path(tmp), name, partition, store.items())
             storage.put_file(f"{request.id}/{written.file}", Path(tmp) / written.file)
