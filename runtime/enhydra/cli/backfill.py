@@ -54,7 +54,7 @@ def _options() -> list[Callable[[Any], Any]]:
     return [
         app_option(required=False, help="Application id [default: the service's]."),
         deprecated_option("--app-id", "old_app_id", "use --app"),
-        kafka_options,
+        kafka_options(default="the service's, from TARGET's settings"),
         click.option(
             "--until-time",
             metavar="TIME",

@@ -59,19 +59,28 @@ def _connection(ctx: click.Context, param: click.Parameter, value: str | None) -
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-def kafka_options(func: F) -> F:
-    """`--bootstrap`, turned into the command's `conn` (a Connection with the security settings)."""
-    return click.option(
-        "--bootstrap",
-        "conn",
-        envvar="ENHYDRA_BOOTSTRAP_SERVERS",
-        show_envvar=True,
-        default=None,
-        callback=_connection,
-        metavar="HOST:PORT[,...]",
-        help="Kafka bootstrap servers [default: 127.0.0.1:9092]. TLS and SASL come from "
-        "ENHYDRA_SECURITY_PROTOCOL, ENHYDRA_SASL_* and ENHYDRA_SSL_* (see docs/operations.md).",
-    )(func)
+def kafka_options(func: F | None = None, *, default: str = "127.0.0.1:9092") -> Any:
+    """`--bootstrap`, turned into the command's `conn` (a Connection with the security settings).
+
+    `@kafka_options`, or `@kafka_options(default="the service's")` for a command whose TARGET's
+    own settings apply when the flag and ENHYDRA_BOOTSTRAP_SERVERS are absent.
+    """
+
+    def decorate(fn: F) -> F:
+        return click.option(
+            "--bootstrap",
+            "conn",
+            envvar="ENHYDRA_BOOTSTRAP_SERVERS",
+            show_envvar=True,
+            default=None,
+            callback=_connection,
+            metavar="HOST:PORT[,...]",
+            help=f"Kafka bootstrap servers [default: {default}]. TLS and SASL come from "
+            "ENHYDRA_SECURITY_PROTOCOL, ENHYDRA_SASL_* and ENHYDRA_SSL_* "
+            "(see docs/operations.md).",
+        )(fn)
+
+    return decorate(func) if func is not None else decorate
 
 
 class PlainGroup(click.Group):

@@ -31,7 +31,7 @@ SWITCHES = {"leave_group": "leave_group_on_shutdown"}
 @click.command()
 @click.argument("target", metavar="TARGET")
 @app_option(required=False, help="The application id [default: the one in TARGET's code].")
-@kafka_options
+@kafka_options(default="the service's, from TARGET's settings")
 @setting_option(
     "--instance-id",
     setting="instance_id",
