@@ -128,4 +128,12 @@ def test_a_v1_history_reads_as_v2_on_every_path(service_factory, kafka_bootstrap
     feed(kafka_bootstrap, clone_app, [(account, deposit)])
     status, body = typed.get(f"/v1/stores/accounts/keys/{account}")
     assert status == 200 and body["balance"] == expected[account]["balance"] + 7, body
+    # a command that does not fit its declared type goes to the DLQ, the field named
+    bad = {**deposit, "command_id": "bad-amount", "amount": "7"}
+    feed(kafka_bootstrap, clone_app, [(account, bad)])
+    letters = asyncio.run(read_topic(kafka_bootstrap, f"{clone_app}-dlq"))
+    assert [orjson.loads(r.value)["command_id"] for r in letters] == ["bad-amount"]
+    reason = header(letters[0].headers, "enhydra.dlq.error.message").decode()
+    assert "Expected `int`, got `str` - at `$.amount`" in reason, reason
+    assert typed.get(f"/v1/stores/accounts/keys/{account}")[1] == body  # unchanged
     assert typed.stop() == 0
