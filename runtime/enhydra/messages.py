@@ -91,6 +91,11 @@ class Typed:
         self._event_classes = dict(zip(self.event_names, self.event_types, strict=True))
         self.encode = msgspec.json.Encoder().encode  # events, typed or dicts (plugins')
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt from the declared types where it is unpickled (a Spark executor): msgspec's
+        encoder itself cannot be pickled."""
+        return (Typed, (self.command_types, self.event_types, self.state_type))
+
     def command(self, command: dict[str, Any]) -> Any:
         """The decoded command as its declared type, or InvalidCommand saying why not."""
         if not self._commands:

@@ -54,6 +54,7 @@ EXECUTOR_MODULES = (
     "enhydra.contracts.names",
     "enhydra.contracts.partitioner",
     "enhydra.evolution",
+    "enhydra.messages",  # typed declarations: needs msgspec, only a typed service imports it
     "enhydra.snapshots",
     "enhydra.snapshots.format",
     "enhydra.spark",
