@@ -24,8 +24,7 @@ from typing import Any
 import msgspec
 
 from enhydra.aggregate import InvalidCommand
-
-TYPE_FIELD = "type"
+from enhydra.evolution import TYPE_FIELD
 
 
 class DeclarationError(ValueError):

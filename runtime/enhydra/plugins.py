@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from enhydra.aggregate import Aggregate, Apply, Command, Decide, Event, State
+from enhydra.evolution import TYPE_FIELD
 from enhydra.evolution import event_type as type_of
 from enhydra.projections.model import Projection
 
@@ -41,7 +42,7 @@ class Handler:
     decide: Decide
     apply: Mapping[str, Apply]
     parse: Callable[[Command], Command] | None = None
-    type_field: str = "type"
+    type_field: str = TYPE_FIELD
     # The versions of the event types this handler emits and their upcasters, as on an
     # Aggregate (evolution.py): merged into the extended aggregate.
     event_versions: Mapping[str, int] = field(default_factory=dict)
@@ -138,7 +139,7 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     return replace(
         aggregate,
         decide=_Decide(base_decide, decides, field_name),
-        apply=_Apply(base_apply, applies, "type"),
+        apply=_Apply(base_apply, applies, TYPE_FIELD),
         parse=_Parse(base_parse, parses, field_name),
         event_versions=versions,
         upcasters=upcasters,
