@@ -64,13 +64,33 @@ def _components(fn: Callable[..., Any] | None) -> list[tuple[str, Callable[..., 
     return [("base", fn)]
 
 
-def code_digest(*fns: Callable[..., Any] | None) -> str:
-    """A digest of the handlers' source: it changes when their logic does."""
+def code_digest(
+    *fns: Callable[..., Any] | None, named: Sequence[tuple[str, Callable[..., Any]]] = ()
+) -> str:
+    """A digest of the handlers' source: it changes when their logic does.
+
+    `named` adds functions under a label (an upcaster's step, a migration's): they are logic
+    too, so changing one shows in `enhydra topology check` like a changed apply.
+    """
     digest = hashlib.sha256()
     for fn in fns:
         for label, part in _components(fn):
             digest.update(label.encode() + b"\0" + _source_digest(part) + b"\0")
+    for label, fn in named:
+        digest.update(label.encode() + b"\0" + _source_digest(fn) + b"\0")
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _evolution_functions(aggregate: Aggregate) -> list[tuple[str, Callable[..., Any]]]:
+    """The aggregate's upcasters and state migrations, labelled by step, in a stable order."""
+    upcasters = [
+        (f"upcaster {name} {step}", fn)
+        for (name, step), fn in sorted(aggregate.upcasters.items(), key=lambda item: item[0])
+    ]
+    migrations = [
+        (f"state migration {step}", fn) for step, fn in sorted(aggregate.state_migrations.items())
+    ]
+    return upcasters + migrations
 
 
 def _handler_names(fn: Callable[..., Any] | None) -> str | dict[str, str] | None:
@@ -243,7 +263,12 @@ def build_topology(
                 "decide": _handler_names(aggregate.decide),
                 "apply": _handler_names(aggregate.apply),
                 "parse": _handler_names(aggregate.parse),
-                "code": code_digest(aggregate.decide, aggregate.apply, aggregate.parse),
+                "code": code_digest(
+                    aggregate.decide,
+                    aggregate.apply,
+                    aggregate.parse,
+                    named=_evolution_functions(aggregate),
+                ),
             }
         ],
         "messages": messages_section(aggregate),
