@@ -411,3 +411,38 @@ def test_cli_check_refuses_an_event_changed_without_a_new_version(tmp_path: Path
     baseline = json.loads((tmp_path / "topology.json").read_text())
     assert list(baseline["messages"]["events"]["deposited"]["schemas"]) == ["2", "3"]
     assert baseline["messages"]["events"]["deposited"]["versions"] == [1, 2, 3]
+
+
+def test_a_malformed_messages_section_is_named(tmp_path: Path) -> None:
+    baseline = deployed()
+    baseline["messages"]["events"]["deposited"]["version"] = "2"
+    (tmp_path / "topology.json").write_text(json.dumps(baseline))
+    (tmp_path / "bank.py").write_text(LEDGER.read_text())
+    check = enhydra(tmp_path, "check", "bank:service", "--against", "topology.json")
+    assert check.returncode == 1
+    assert check.stderr.strip().splitlines()[-1] == (
+        "Error: topology.json: messages.events.deposited: 'version' must be a whole number from 1"
+    )
+
+
+def test_cli_lock_says_which_event_types_it_retires(tmp_path: Path) -> None:
+    bank = tmp_path / "bank.py"
+    bank.write_text(LEDGER.read_text())
+    assert enhydra(tmp_path, "lock", "bank:service", "--deployed").returncode == 0
+    source = LEDGER.read_text()
+    declared = "event_types=(Opened, Deposited, Withdrawn, Closed),"
+    assert declared in source
+    bank.write_text(source.replace(declared, "event_types=(Opened, Deposited, Withdrawn),"))
+    check = enhydra(tmp_path, "check", "bank:service", "--against", "topology.json")
+    assert check.returncode == 1 and "INCOMPATIBLE  event closed: event type closed removed" in (
+        check.stdout
+    )
+    # deployed with an offline reset: the baseline keeps the type as retired
+    done = enhydra(tmp_path, "lock", "bank:service", "--deployed")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "topology.json: event type(s) closed no longer declared: kept under "
+        "messages.retired_events (the history still holds them)"
+    )
+    again = enhydra(tmp_path, "check", "bank:service", "--against", "topology.json")
+    assert again.returncode == 0 and "no changes" in again.stdout

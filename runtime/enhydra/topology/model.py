@@ -325,4 +325,35 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         for item in raw[section]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise TopologyError(f"{source}: every entry of {section!r} needs a 'name'")
+    if "messages" in raw:
+        _validate_messages(raw["messages"], f"{source}: messages")
     return raw
+
+
+def _versions_ok(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and v >= 1 for v in value)
+
+
+def _validate_messages(messages: Any, where: str) -> None:
+    """The `messages` section has the shape messages_section (and the baseline) write."""
+    if not isinstance(messages, dict):
+        raise TopologyError(f"{where}: must be a JSON object")
+    for section in ("commands", "events", "retired_events"):
+        if not isinstance(messages.get(section, {}), dict):
+            raise TopologyError(f"{where}: {section!r} must be an object of type name -> entry")
+    for section in ("events", "retired_events"):
+        for name, event in messages.get(section, {}).items():
+            at = f"{where}.{section}.{name}"
+            if not isinstance(event, dict):
+                raise TopologyError(f"{at}: must be an object")
+            if type(event.get("version", 1)) is not int or event.get("version", 1) < 1:
+                raise TopologyError(f"{at}: 'version' must be a whole number from 1")
+            schemas = event.get("schemas", {})
+            if not isinstance(schemas, dict) or not all(k.isdigit() for k in schemas):
+                raise TopologyError(f"{at}: 'schemas' must map versions ('1', '2'...) to schemas")
+            for key in ("upcasters", "versions"):
+                if not _versions_ok(event.get(key, [])):
+                    raise TopologyError(f"{at}: {key!r} must be a list of versions")
+    state = messages.get("state", {})
+    if not isinstance(state, dict) or type(state.get("version", 1)) is not int:
+        raise TopologyError(f"{where}.state: must be an object with a whole-number 'version'")
