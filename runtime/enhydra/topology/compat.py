@@ -28,7 +28,7 @@ The check is pure: two JSON documents in, a list of `Change`s out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -260,6 +260,26 @@ def _listed(versions: list[int]) -> str:
     return ", ".join(str(v) for v in versions)
 
 
+def _at_same_version(
+    subject: str,
+    old_schema: Mapping[str, Any] | None,
+    new_schema: Mapping[str, Any] | None,
+    *,
+    compatible: str,
+    incompatible: Callable[[str], str],
+    path: Path,
+) -> list[Change]:
+    """A schema changed under the same version: fine only while every old value still reads
+    (events in the history, entries in the store); `incompatible` words the fix."""
+    if old_schema is None or new_schema is None or old_schema == new_schema:
+        return []
+    found = schema_differences(old_schema, new_schema)
+    narrowed = "; ".join(explanation for ok, explanation in found if not ok)
+    if narrowed:
+        return [_bad(subject, incompatible(narrowed), path)]
+    return [_ok(subject, f"{compatible}: {explanation}") for _, explanation in found]
+
+
 def _event_changes(name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """One event type the history holds (`old`, from the baseline) read by the code (`new`)."""
     subject = f"event {name}"
@@ -290,23 +310,20 @@ def _event_changes(name: str, old: Mapping[str, Any], new: Mapping[str, Any]) ->
             "upcast on read"
         )
         changes.append(_ok(subject, detail))
-    old_schema = (old.get("schemas") or {}).get(str(current))
-    new_schema = (new.get("schemas") or {}).get(str(current))
-    if current in held and old_schema is not None and new_schema is not None:
-        found = schema_differences(old_schema, new_schema)
-        narrowed = [explanation for compatible, explanation in found if not compatible]
-        if narrowed:
-            detail = (
+    if current in held:
+        changes += _at_same_version(
+            subject,
+            (old.get("schemas") or {}).get(str(current)),
+            (new.get("schemas") or {}).get(str(current)),
+            compatible=f"backward-compatible change at version {current}",
+            incompatible=lambda narrowed: (
                 f"event type {name} changed at version {current} without a new version "
-                f"({'; '.join(narrowed)}): the history holds events of the old shape; bump "
+                f"({narrowed}): the history holds events of the old shape; bump "
                 f"event_versions[{name!r}] to {current + 1} and add upcasters[({name!r}, "
                 f"{current})]"
-            )
-            changes.append(_bad(subject, detail, Path.CHANGE_CODE))
-        else:
-            for _, explanation in found:
-                detail = f"backward-compatible change at version {current}: {explanation}"
-                changes.append(_ok(subject, detail))
+            ),
+            path=Path.CHANGE_CODE,
+        )
     return changes
 
 
@@ -395,19 +412,18 @@ def _state(store: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[C
             )
             return [_bad(subject, detail)]
         return [_ok(subject, f"state version {before} -> {after}: entries are migrated on load")]
-    old_schema, new_schema = old.get("schema"), new.get("schema")
-    if old_schema is None or new_schema is None or old_schema == new_schema:
-        return []
-    found = schema_differences(old_schema, new_schema)
-    narrowed = [explanation for compatible, explanation in found if not compatible]
-    if narrowed:
-        detail = (
-            f"state changed at version {after} without a new version ({'; '.join(narrowed)}): "
-            f"the store holds entries of the old shape; bump state_version to {after + 1} and "
-            f"add state_migrations[{after}], or rebuild the state offline"
-        )
-        return [_bad(subject, detail)]
-    return [_ok(subject, f"backward-compatible state change: {e}") for _, e in found]
+    return _at_same_version(
+        subject,
+        old.get("schema"),
+        new.get("schema"),
+        compatible="backward-compatible state change",
+        incompatible=lambda narrowed: (
+            f"state changed at version {after} without a new version ({narrowed}): the store "
+            f"holds entries of the old shape; bump state_version to {after + 1} and add "
+            f"state_migrations[{after}], or rebuild the state offline"
+        ),
+        path=Path.OFFLINE_RESET,
+    )
 
 
 def _messages(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
