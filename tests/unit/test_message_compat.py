@@ -17,8 +17,10 @@ import msgspec
 import pytest
 
 from enhydra import Aggregate
+from enhydra.messages import json_schema
 from enhydra.topology import Change, build_topology, compare, locked, render, verdict
 from enhydra.topology import Path as UpgradePath
+from enhydra.topology.schema import schema_differences
 from ledger import typed as ledger
 
 LEDGER = Path(ledger.__file__)
@@ -446,3 +448,39 @@ def test_cli_lock_says_which_event_types_it_retires(tmp_path: Path) -> None:
     )
     again = enhydra(tmp_path, "check", "bank:service", "--against", "topology.json")
     assert again.returncode == 0 and "no changes" in again.stdout
+
+
+class Address(msgspec.Struct):
+    city: str
+
+
+class AddressWithZip(msgspec.Struct):
+    city: str
+    zip: str
+
+
+def schema_of(**fields: Any) -> dict[str, Any]:
+    cls = msgspec.defstruct("Customer", list(fields.items()), tag="customer")
+    return json_schema(cls)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "narrowed"),
+    [
+        # a nested type reached through $defs and anyOf (msgspec's shape of `X | None`)
+        (Address | None, AddressWithZip | None, "$.where.zip: new required field"),
+        (Address | None, Address, "$.where: no longer accepts ['null']"),
+        (list[Address], list[AddressWithZip], "$.where[].zip: new required field"),
+        (Annotated[str, msgspec.Meta(max_length=9)], str, None),
+        (str, Annotated[str, msgspec.Meta(pattern="^[a-z]+$")], "$.where: pattern None -> "),
+    ],
+)
+def test_schema_differences_follow_nested_and_optional_types(
+    old: Any, new: Any, narrowed: str | None
+) -> None:
+    found = schema_differences(schema_of(where=old), schema_of(where=new))
+    bad = [explanation for compatible, explanation in found if not compatible]
+    if narrowed is None:
+        assert found and bad == [], found
+    else:
+        assert any(b.startswith(narrowed) for b in bad), found
