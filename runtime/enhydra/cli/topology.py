@@ -191,3 +191,10 @@ def lock(target: str | None, deployed: bool, output: Path | None) -> None:
         return
     path.write_text(dump(baseline))
     click.echo(f"{path}: locked at {baseline['fingerprint']} ({state})")
+    retired = sorted((baseline.get("messages") or {}).get("retired_events") or {})
+    kept = sorted(((previous or {}).get("messages") or {}).get("retired_events") or {})
+    if retired != kept:
+        click.echo(
+            f"{path}: event type(s) {', '.join(retired)} no longer declared: kept under "
+            "messages.retired_events (the history still holds them)"
+        )

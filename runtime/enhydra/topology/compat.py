@@ -12,17 +12,28 @@ Kafka Streams users learn these rules in production; here they are checked befor
 | store renamed or removed, store value serde | incompatible | offline reset |
 | input topic added or removed, app id | incompatible | offline reset |
 | value schema not backward compatible | incompatible | offline reset |
+| event: new version, upcasters from every version in history | compatible | rolling bounce |
+| event: changed at the same version, missing upcaster step | incompatible | change the code |
+| event: history holds versions newer than the code reads | incompatible | change the code |
+| event type removed (the history holds it) | incompatible | offline reset |
+| command type removed, command schema narrowed | incompatible | senders first |
+| state version raised with migrations | compatible | rolling bounce |
+| state version lowered, state schema changed at the same version | incompatible | offline reset |
+
+The message rules compare the `messages` sections (model.messages_section): the baseline's
+event versions are every version ever deployed (baseline.py), so "the history holds" them.
 
 The check is pure: two JSON documents in, a list of `Change`s out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from enhydra.topology.baseline import history_versions
 from enhydra.topology.schema import schema_differences
 
 
@@ -32,6 +43,8 @@ class Path(StrEnum):
     ROLLING_BOUNCE = "rolling bounce"
     OFFLINE_RESET = "offline reset"
     REPARTITION = "repartition"
+    SENDERS_FIRST = "senders first"
+    CHANGE_CODE = "change the code"
 
 
 ADVICE = {
@@ -43,7 +56,21 @@ ADVICE = {
     Path.REPARTITION: "keys would land in other partitions: create new topics with the new "
     "layout, copy the input into them keyed and partitioned by the default partitioner, point "
     "the new version (a new app id) at them and let it rebuild its state",
+    Path.SENDERS_FIRST: "commands of the old shape would go to the dead-letter queue: move "
+    "every sender to a shape both versions accept (or stop it), let the commands topic drain, "
+    "then restart the instances one at a time",
+    Path.CHANGE_CODE: "no deploy procedure makes this safe: the events topic keeps every event "
+    "forever and every reader (service, projections, backfill, time travel) folds it; change "
+    "the code as the line says and check again",
 }
+# From the lightest to the heaviest: the whole set needs the heaviest path of its changes.
+_ORDER = [
+    Path.ROLLING_BOUNCE,
+    Path.SENDERS_FIRST,
+    Path.OFFLINE_RESET,
+    Path.REPARTITION,
+    Path.CHANGE_CODE,
+]
 
 
 @dataclass(frozen=True)
@@ -229,6 +256,189 @@ def _internal(old: list, new: list) -> list[Change]:
     return changes
 
 
+def _listed(versions: list[int]) -> str:
+    return ", ".join(str(v) for v in versions)
+
+
+def _at_same_version(
+    subject: str,
+    old_schema: Mapping[str, Any] | None,
+    new_schema: Mapping[str, Any] | None,
+    *,
+    compatible: str,
+    incompatible: Callable[[str], str],
+    path: Path,
+) -> list[Change]:
+    """A schema changed under the same version: fine only while every old value still reads
+    (events in the history, entries in the store); `incompatible` words the fix."""
+    if old_schema is None or new_schema is None or old_schema == new_schema:
+        return []
+    found = schema_differences(old_schema, new_schema)
+    narrowed = "; ".join(explanation for ok, explanation in found if not ok)
+    if narrowed:
+        return [_bad(subject, incompatible(narrowed), path)]
+    return [_ok(subject, f"{compatible}: {explanation}") for _, explanation in found]
+
+
+def _event_changes(name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    """One event type the history holds (`old`, from the baseline) read by the code (`new`)."""
+    subject = f"event {name}"
+    held = history_versions(old)
+    current = new.get("version", 1)
+    steps = set(new.get("upcasters") or ())
+    changes: list[Change] = []
+    newer = [v for v in held if v > current]
+    if newer:
+        detail = (
+            f"the history holds version(s) {_listed(newer)} of {name}, this code reads versions "
+            f"up to {current}: every reader would refuse them; declare "
+            f"event_versions[{name!r}] = {max(newer)} with its upcasters"
+        )
+        changes.append(_bad(subject, detail, Path.CHANGE_CODE))
+    older = [v for v in held if v < current]
+    missing = [s for s in range(min(older), current) if s not in steps] if older else []
+    for step in missing:
+        detail = (
+            f"no upcaster from {step} to {step + 1}: events {name} of version(s) "
+            f"{_listed([v for v in older if v <= step])} in the history cannot reach version "
+            f"{current}; add upcasters[({name!r}, {step})]"
+        )
+        changes.append(_bad(subject, detail, Path.CHANGE_CODE))
+    if older and not missing and current not in held:
+        detail = (
+            f"version {max(held)} -> {current}: events of version(s) {_listed(older)} are "
+            "upcast on read"
+        )
+        changes.append(_ok(subject, detail))
+    if current in held:
+        changes += _at_same_version(
+            subject,
+            (old.get("schemas") or {}).get(str(current)),
+            (new.get("schemas") or {}).get(str(current)),
+            compatible=f"backward-compatible change at version {current}",
+            incompatible=lambda narrowed: (
+                f"event type {name} changed at version {current} without a new version "
+                f"({narrowed}): the history holds events of the old shape; bump "
+                f"event_versions[{name!r}] to {current + 1} and add upcasters[({name!r}, "
+                f"{current})]"
+            ),
+            path=Path.CHANGE_CODE,
+        )
+    return changes
+
+
+def _events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    old_events = old.get("events") or {}
+    retired = old.get("retired_events") or {}
+    new_events = new.get("events") or {}
+    typed = bool(new.get("typed"))
+    # Without declared types, the code reads an unlisted event type at version 1 only.
+    implicit = {"version": 1, "schemas": {}, "upcasters": []}
+    changes: list[Change] = []
+    for name in sorted(old_events.keys() | (retired.keys() & new_events.keys())):
+        held = old_events.get(name) or retired[name]
+        if name in new_events or not typed:
+            changes += _event_changes(name, held, new_events.get(name, implicit))
+            continue
+        detail = (
+            f"event type {name} removed: the history holds it (versions "
+            f"{_listed(history_versions(held))}), apply can no longer read it; keep the type "
+            "(apply may ignore it), or rebuild the state offline from a backfill without it"
+        )
+        changes.append(_bad(f"event {name}", detail))
+    for name in sorted(new_events.keys() - old_events.keys() - retired.keys()):
+        entry = new_events[name]
+        if old.get("typed"):
+            changes.append(_ok(f"event {name}", f"new event type (version {entry['version']})"))
+        else:  # the old code declared no types: its history may hold this type at version 1
+            changes += _event_changes(name, implicit, entry)
+    return changes
+
+
+def _commands(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    old_commands, new_commands = old.get("commands") or {}, new.get("commands") or {}
+    if not new.get("typed") or not old.get("typed"):
+        if old_commands == new_commands:
+            return []
+        detail = (
+            "command types declared: commands that fit none go to the dead-letter queue "
+            "(no declared types before to compare them with)"
+            if new_commands
+            else "command types no longer declared: nothing checks their shape at the edge"
+        )
+        return [_ok("commands", detail)]
+    changes: list[Change] = []
+    for name in sorted(old_commands.keys() - new_commands.keys()):
+        detail = (
+            f"command type {name} removed: senders still sending it get their commands sent "
+            "to the dead-letter queue"
+        )
+        changes.append(_bad(f"command {name}", detail, Path.SENDERS_FIRST))
+    for name in sorted(new_commands.keys() - old_commands.keys()):
+        changes.append(_ok(f"command {name}", "new command type"))
+    for name in sorted(old_commands.keys() & new_commands.keys()):
+        old_schema = old_commands[name].get("schema")
+        new_schema = new_commands[name].get("schema")
+        if old_schema is None or new_schema is None or old_schema == new_schema:
+            continue
+        for compatible, explanation in schema_differences(old_schema, new_schema):
+            if compatible:
+                changes.append(_ok(f"command {name}", f"command schema widened: {explanation}"))
+            else:
+                detail = (
+                    f"command schema narrowed: {explanation}: senders still writing the old "
+                    "shape go to the dead-letter queue"
+                )
+                changes.append(_bad(f"command {name}", detail, Path.SENDERS_FIRST))
+    return changes
+
+
+def _state(store: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    subject = f"state of {store}"
+    before, after = old.get("version", 1), new.get("version", 1)
+    if after < before:
+        detail = (
+            f"state version lowered {before} -> {after}: the store holds entries of version "
+            f"{before} that this code refuses; rebuild the state offline"
+        )
+        return [_bad(subject, detail)]
+    if after > before:
+        steps = set(new.get("migrations") or ())
+        missing = [s for s in range(before, after) if s not in steps]
+        if missing:
+            detail = (
+                f"state version {before} -> {after} without a migration from "
+                f"{_listed(missing)}: add state_migrations[{missing[0]}]"
+            )
+            return [_bad(subject, detail)]
+        return [_ok(subject, f"state version {before} -> {after}: entries are migrated on load")]
+    return _at_same_version(
+        subject,
+        old.get("schema"),
+        new.get("schema"),
+        compatible="backward-compatible state change",
+        incompatible=lambda narrowed: (
+            f"state changed at version {after} without a new version ({narrowed}): the store "
+            f"holds entries of the old shape; bump state_version to {after + 1} and add "
+            f"state_migrations[{after}], or rebuild the state offline"
+        ),
+        path=Path.OFFLINE_RESET,
+    )
+
+
+def _messages(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
+    """The message contracts: event versions against the history, commands, stored state."""
+    if new is None:
+        return []
+    if old is None:
+        return [_ok("messages", "message contracts declared (the baseline has none yet)")]
+    return (
+        _events(old, new)
+        + _commands(old, new)
+        + _state(new.get("store") or "?", old.get("state") or {}, new.get("state") or {})
+    )
+
+
 def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """Every difference between the deployed topology `old` and the candidate `new`."""
     changes: list[Change] = []
@@ -244,6 +454,7 @@ def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     changes += _handlers(old["handlers"], new["handlers"])
     changes += _projections(old["projections"], new["projections"])
     changes += _internal(old["internal_topics"], new["internal_topics"])
+    changes += _messages(old.get("messages"), new.get("messages"))
     return changes
 
 
@@ -251,8 +462,7 @@ def verdict(changes: list[Change]) -> Path | None:
     """The upgrade path the whole set needs (the heaviest one), or None when nothing changed."""
     if not changes:
         return None
-    order = [Path.ROLLING_BOUNCE, Path.OFFLINE_RESET, Path.REPARTITION]
-    return max((c.path for c in changes), key=order.index)
+    return max((c.path for c in changes), key=_ORDER.index)
 
 
 def render(changes: list[Change], *, app_id: str, against: str) -> str:

@@ -64,13 +64,33 @@ def _components(fn: Callable[..., Any] | None) -> list[tuple[str, Callable[..., 
     return [("base", fn)]
 
 
-def code_digest(*fns: Callable[..., Any] | None) -> str:
-    """A digest of the handlers' source: it changes when their logic does."""
+def code_digest(
+    *fns: Callable[..., Any] | None, named: Sequence[tuple[str, Callable[..., Any]]] = ()
+) -> str:
+    """A digest of the handlers' source: it changes when their logic does.
+
+    `named` adds functions under a label (an upcaster's step, a migration's): they are logic
+    too, so changing one shows in `enhydra topology check` like a changed apply.
+    """
     digest = hashlib.sha256()
     for fn in fns:
         for label, part in _components(fn):
             digest.update(label.encode() + b"\0" + _source_digest(part) + b"\0")
+    for label, fn in named:
+        digest.update(label.encode() + b"\0" + _source_digest(fn) + b"\0")
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _evolution_functions(aggregate: Aggregate) -> list[tuple[str, Callable[..., Any]]]:
+    """The aggregate's upcasters and state migrations, labelled by step, in a stable order."""
+    upcasters = [
+        (f"upcaster {name} {step}", fn)
+        for (name, step), fn in sorted(aggregate.upcasters.items(), key=lambda item: item[0])
+    ]
+    migrations = [
+        (f"state migration {step}", fn) for step, fn in sorted(aggregate.state_migrations.items())
+    ]
+    return upcasters + migrations
 
 
 def _handler_names(fn: Callable[..., Any] | None) -> str | dict[str, str] | None:
@@ -243,7 +263,12 @@ def build_topology(
                 "decide": _handler_names(aggregate.decide),
                 "apply": _handler_names(aggregate.apply),
                 "parse": _handler_names(aggregate.parse),
-                "code": code_digest(aggregate.decide, aggregate.apply, aggregate.parse),
+                "code": code_digest(
+                    aggregate.decide,
+                    aggregate.apply,
+                    aggregate.parse,
+                    named=_evolution_functions(aggregate),
+                ),
             }
         ],
         "messages": messages_section(aggregate),
@@ -300,4 +325,35 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         for item in raw[section]:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise TopologyError(f"{source}: every entry of {section!r} needs a 'name'")
+    if "messages" in raw:
+        _validate_messages(raw["messages"], f"{source}: messages")
     return raw
+
+
+def _versions_ok(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and v >= 1 for v in value)
+
+
+def _validate_messages(messages: Any, where: str) -> None:
+    """The `messages` section has the shape messages_section (and the baseline) write."""
+    if not isinstance(messages, dict):
+        raise TopologyError(f"{where}: must be a JSON object")
+    for section in ("commands", "events", "retired_events"):
+        if not isinstance(messages.get(section, {}), dict):
+            raise TopologyError(f"{where}: {section!r} must be an object of type name -> entry")
+    for section in ("events", "retired_events"):
+        for name, event in messages.get(section, {}).items():
+            at = f"{where}.{section}.{name}"
+            if not isinstance(event, dict):
+                raise TopologyError(f"{at}: must be an object")
+            if type(event.get("version", 1)) is not int or event.get("version", 1) < 1:
+                raise TopologyError(f"{at}: 'version' must be a whole number from 1")
+            schemas = event.get("schemas", {})
+            if not isinstance(schemas, dict) or not all(k.isdigit() for k in schemas):
+                raise TopologyError(f"{at}: 'schemas' must map versions ('1', '2'...) to schemas")
+            for key in ("upcasters", "versions"):
+                if not _versions_ok(event.get(key, [])):
+                    raise TopologyError(f"{at}: {key!r} must be a list of versions")
+    state = messages.get("state", {})
+    if not isinstance(state, dict) or type(state.get("version", 1)) is not int:
+        raise TopologyError(f"{where}.state: must be an object with a whole-number 'version'")
