@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 import msgspec
 from enhydra import Aggregate, Rejection, Service
 
+from ledger.service import service as untyped_service
+
 CURRENCY = "EUR"
 Amount = Annotated[int, msgspec.Meta(gt=0, description="euros, a whole number above 0")]
 AccountId = Annotated[str, msgspec.Meta(min_length=1)]
@@ -124,15 +126,5 @@ accounts = Aggregate(
     description="Bank accounts (typed): balance, status and the number of events applied.",
 )
 
-service = Service(
-    "ledger",
-    accounts,
-    partitions=4,
-    web_port=6066,
-    num_standby_replicas=1,
-    deserialization_exception_handler="dlq",
-    processing_exception_handler="dlq",
-    uncaught_exception_handler="replace_worker",
-    max_worker_replacements=3,
-    worker_replacement_window_s=300,
-)
+# the same service settings as the untyped ledger (ledger.service), around this aggregate
+service = Service("ledger", accounts, **untyped_service.defaults)
