@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from enhydra.cli.asyncapi import asyncapi
 from enhydra.cli.backfill import backfill
 from enhydra.cli.common import PlainGroup
 from enhydra.cli.dlq import dlq
@@ -38,6 +39,7 @@ def main() -> None:
     """
 
 
+main.add_command(asyncapi)
 main.add_command(image)
 main.add_command(backfill)
 main.add_command(dlq)
