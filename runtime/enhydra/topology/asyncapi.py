@@ -30,6 +30,7 @@ from enhydra.contracts.headers import (
 )
 from enhydra.errors.dlq import PREFIX as DLQ_PREFIX
 from enhydra.errors.dlq import REPLAYS as DLQ_REPLAYS
+from enhydra.errors.failure import Stage
 
 if TYPE_CHECKING:
     from enhydra.service import Service
@@ -59,7 +60,7 @@ DLQ_HEADERS = {
     "error.class": "the error's class",
     "error.message": "the error's message (bounded)",
     "error.stacktrace": "the stack trace (bounded)",
-    "stage": "where it failed: deserialization, processing or production",
+    "stage": "where it failed: " + ", ".join(Stage),
     "app": "the application id",
     "instance": "the instance that dead-lettered it",
     "attempts": "how many times it was tried",
@@ -126,6 +127,7 @@ def event_headers_schema(version: int) -> dict[str, Any]:
 def dead_letter_headers_schema() -> dict[str, Any]:
     properties = {DLQ_PREFIX + name: {"type": "string", "description": text}
                   for name, text in DLQ_HEADERS.items()}  # fmt: skip
+    properties[DLQ_PREFIX + "stage"]["enum"] = [str(stage) for stage in Stage]
     properties[DLQ_REPLAYS] = _digits("how many times it was replayed from the DLQ (if ever)")
     return {
         "type": "object",
