@@ -125,8 +125,10 @@ def event_headers_schema(version: int) -> dict[str, Any]:
 
 
 def dead_letter_headers_schema() -> dict[str, Any]:
-    properties = {DLQ_PREFIX + name: {"type": "string", "description": text}
-                  for name, text in DLQ_HEADERS.items()}  # fmt: skip
+    properties: dict[str, Any] = {
+        DLQ_PREFIX + name: {"type": "string", "description": text}
+        for name, text in DLQ_HEADERS.items()
+    }
     properties[DLQ_PREFIX + "stage"]["enum"] = [str(stage) for stage in Stage]
     properties[DLQ_REPLAYS] = _digits("how many times it was replayed from the DLQ (if ever)")
     return {
@@ -256,9 +258,7 @@ def _message(
     if headers is not None:
         message["headers"] = headers
     message["payload"] = payload
-    message["bindings"] = {
-        "kafka": {"key": dict(key), "bindingVersion": KAFKA_BINDING_VERSION}
-    }  # fmt: skip
+    message["bindings"] = {"kafka": {"key": dict(key), "bindingVersion": KAFKA_BINDING_VERSION}}
     message.update({f"x-enhydra-{k.replace('_', '-')}": v for k, v in extensions.items()})
     return message
 
@@ -366,10 +366,11 @@ def build_asyncapi(
             headers=event_headers_schema(version),
             **extensions,
         )
-    if not messages.get("typed"):
+    if not messages.get("typed"):  # any other event type: untyped services declare none
         payload = schemas.payload(declared_events) if declared_events else _generic("event")
-        event_messages["event"] = _message(
-            "event", "an event (untyped)", payload, key, headers=event_headers_schema(1)
+        other = "event" if "event" not in event_messages else "anyEvent"
+        event_messages[other] = _message(
+            other, "an event (untyped)", payload, key, headers=event_headers_schema(1)
         )
 
     rejection = {"rejection": _message("rejection", "a refused command", REJECTION_SCHEMA, key)}
