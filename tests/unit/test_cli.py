@@ -116,6 +116,12 @@ def test_asyncapi_says_which_baseline_file_is_missing(tmp_path: Path) -> None:
     assert str(missing) in one_error(result)
 
 
+def test_asyncapi_names_a_bad_setting_and_exits_2() -> None:
+    result = enhydra("asyncapi", "ledger.service:service", env={"ENHYDRA_PARTITIONS": "abc"})
+    assert result.exit_code == 2
+    assert "ENHYDRA_PARTITIONS='abc'" in one_error(result)
+
+
 def test_asyncapi_documents_the_servers_given_with_bootstrap() -> None:
     result = enhydra("asyncapi", "ledger.service:service", "--bootstrap", "k1.prod:9092")
     assert result.exit_code == 0, result.output

@@ -13,7 +13,7 @@ from enhydra.cli.common import kafka_options, load_service
 from enhydra.cli.topology import locate, read_topology
 from enhydra.messages import DeclarationError
 from enhydra.plugins import PluginError
-from enhydra.settings import Connection, SettingsError
+from enhydra.settings import Connection
 from enhydra.topology import TopologyError
 from enhydra.topology.asyncapi import asyncapi_of
 
@@ -48,7 +48,7 @@ def asyncapi(target: str | None, output: Path | None, baseline: Path | None, con
     old = read_topology(baseline) if baseline is not None else None
     try:
         document = asyncapi_of(service, connection=chosen, baseline=old)
-    except (SettingsError, PluginError, TopologyError, DeclarationError) as exc:
+    except (PluginError, TopologyError, DeclarationError) as exc:  # bad settings: exit 2
         raise click.ClickException(f"{target}: {exc}") from exc
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
