@@ -3,11 +3,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.enhydra-installed
+# The reference AsyncAPI parser (npm, pinned by package-lock.json) that validates our documents.
+ASYNCAPI_STAMP := tools/asyncapi/node_modules/.enhydra-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint clean bench
 
-setup: $(STAMP)
+setup: $(STAMP) $(ASYNCAPI_STAMP)
 	@$(VENV)/bin/enhydra kafka fetch
 	@$(PY) -m enhydra.spark.jars >/dev/null
 
@@ -18,6 +20,11 @@ $(STAMP): pyproject.toml examples/ledger/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]' -e examples/ledger
 	@touch $(STAMP)
+
+$(ASYNCAPI_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing (it installs the AsyncAPI parser): apt-get install nodejs npm"; exit 1; }
+	cd tools/asyncapi && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	@touch $(ASYNCAPI_STAMP)
 
 demo: setup
 	$(PY) scripts/demo.py

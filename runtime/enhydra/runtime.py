@@ -59,6 +59,7 @@ from enhydra.runner.runner import FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
 from enhydra.spec import ResolvedService
+from enhydra.topology.asyncapi import asyncapi_of
 
 log = get_logger("enhydra.service")
 # mode logs each service's "Starting..."/"Stopping..." at INFO under the class's module name;
@@ -236,6 +237,7 @@ class Runtime:
             settings=s,
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),
             admin_routes=self.admin_routes,
+            asyncapi=lambda: asyncapi_of(self.service),
         )
         self.liveness = add_liveness_routes(web_app, s.instance_id, member_id=self.member_id)
         app.web_server(_Instance(self, web_app))

@@ -1,11 +1,12 @@
-"""Finish the project: vendor the Enhydra runtime, and write the topology baseline.
+"""Finish the project: vendor the Enhydra runtime, write the topology baseline and the AsyncAPI
+document.
 
 With enhydra_source=vendor the running Enhydra's wheel goes into vendor/ and pyproject.toml
 points at it (`enhydra upgrade-runtime`), so the project installs wherever it is cloned; a
 project that cannot have it is not generated. topology.json, the baseline of upgrades, is
 written by Enhydra itself from the generated code (`enhydra topology lock`), marked not
-deployed: it follows the code until the first deploy. ENHYDRA_* variables of the shell are
-ignored for it (the code's defaults count).
+deployed: it follows the code until the first deploy; asyncapi.json (`enhydra asyncapi`) too.
+ENHYDRA_* variables of the shell are ignored for both (the code's defaults count).
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ def enhydra(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def write(name: str, *command: str) -> None:
+    """Write a file with an enhydra command; a failure is a warning that says how to redo it."""
+    done = enhydra(*command)
+    if done.returncode == 0:
+        print((done.stdout or done.stderr).strip())
+    else:
+        print(
+            f"warning: could not write {name} ({done.stderr.strip()[-500:]}); "
+            f"write it with: enhydra {' '.join(command)}",
+            file=sys.stderr,
+        )
+
+
 def main() -> int:
     if SOURCE == "vendor":
         vendored = enhydra("upgrade-runtime")
@@ -41,15 +55,8 @@ def main() -> int:
         print(vendored.stdout.strip())
     else:
         shutil.rmtree("vendor", ignore_errors=True)
-    locked = enhydra("topology", "lock")
-    if locked.returncode == 0:
-        print(locked.stdout.strip())
-    else:
-        print(
-            f"warning: could not write topology.json ({locked.stderr.strip()[-500:]}); "
-            "write it with: enhydra topology lock",
-            file=sys.stderr,
-        )
+    write("topology.json", "topology", "lock")
+    write("asyncapi.json", "asyncapi", "-o", "asyncapi.json")
     return 0
 
 

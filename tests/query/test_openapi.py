@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.query.conftest import QUERY_TOKEN, Cluster, call
+from tests.query.conftest import PARTITIONS, QUERY_TOKEN, Cluster, call
+from tests.unit.test_asyncapi_parser import parse
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +26,7 @@ PATHS = {
     "/health/ready",
     "/metrics",
     "/v1/openapi.json",
+    "/v1/asyncapi.json",
     "/v1/admin/shutdown",
     "/v1/admin/rebalance",
     "/v1/admin/snapshots",  # added by the service: the snapshot trigger
@@ -51,6 +53,25 @@ def test_the_document_lists_every_route_with_auth_and_errors(cluster: Cluster):
     for path, operations in doc["paths"].items():
         if "get" in operations and "{" not in path:
             assert call(cluster.instances[0].url + path).status in (200, 503), path
+
+
+def test_every_instance_serves_the_asyncapi_document_of_its_topics(cluster: Cluster, tmp_path):
+    answer = call(cluster.instances[0].url + "/v1/asyncapi.json", token=None)
+    assert answer.status == 200, answer.body
+    doc = answer.body
+    app = cluster.app_id
+    topics = {f"{app}-commands", f"{app}-events", f"{app}-rejections", f"{app}-dlq"}
+    assert set(doc["channels"]) == topics
+    for channel in doc["channels"].values():
+        assert channel["bindings"]["kafka"]["partitions"] == PARTITIONS
+    assert doc["info"]["title"] == app
+    assert doc["servers"]["kafka"]["host"] == cluster.bootstrap.split(",")[0]
+    assert doc["operations"]["receiveCommands"]["bindings"]["kafka"]["groupId"]["enum"] == [app]
+    for other in cluster.instances[1:]:
+        assert call(other.url + "/v1/asyncapi.json", token=None).body == doc
+    path = tmp_path / "served.json"
+    path.write_bytes(answer.raw)
+    assert parse([path])["served"]["valid"]
 
 
 def test_schemathesis_finds_no_server_errors(cluster: Cluster, tmp_path):

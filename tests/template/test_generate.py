@@ -61,6 +61,8 @@ EXPECTED_FILES = {
     "jobs/backfill.py",
     "jobs/README.md",
     "topology.json",
+    "asyncapi.json",
+    "tests/test_asyncapi.py",
     "vendor/README.md",
     f"vendor/{RUNTIME_WHEEL}",
     "wheelhouse/README.md",

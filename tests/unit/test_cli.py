@@ -113,7 +113,37 @@ def test_the_service_is_a_positional_target_wherever_a_command_takes_one() -> No
         "enhydra topology show",
         "enhydra topology check",
         "enhydra topology lock",
+        "enhydra asyncapi",
     }
+
+
+# --------------------------------------------------------------------------- enhydra asyncapi
+
+
+def test_asyncapi_outside_a_project_asks_for_the_target(tmp_path: Path) -> None:
+    result = enhydra("asyncapi", cwd=tmp_path)
+    assert result.exit_code == 1
+    line = one_error(result)
+    assert "no pyproject.toml" in line and "enhydra asyncapi MODULE:ATTR" in line
+
+
+def test_asyncapi_says_which_baseline_file_is_missing(tmp_path: Path) -> None:
+    missing = tmp_path / "topology.json"
+    result = enhydra("asyncapi", "ledger.typed:service", "--baseline", str(missing))
+    assert result.exit_code == 1
+    assert str(missing) in one_error(result)
+
+
+def test_asyncapi_names_a_bad_setting_and_exits_2() -> None:
+    result = enhydra("asyncapi", "ledger.service:service", env={"ENHYDRA_PARTITIONS": "abc"})
+    assert result.exit_code == 2
+    assert "ENHYDRA_PARTITIONS='abc'" in one_error(result)
+
+
+def test_asyncapi_documents_the_servers_given_with_bootstrap() -> None:
+    result = enhydra("asyncapi", "ledger.service:service", "--bootstrap", "k1.prod:9092")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["servers"]["kafka"]["host"] == "k1.prod:9092"
 
 
 # --------------------------------------------------------------------------- enhydra run

@@ -9,6 +9,7 @@ from enhydra.cli.common import LazyGroup
 # name -> where it lives; imported when used (LazyGroup), so a running service holds only
 # what `run` needs.
 COMMANDS = {
+    "asyncapi": "enhydra.cli.asyncapi:asyncapi",
     "backfill": "enhydra.cli.backfill:backfill",
     "dlq": "enhydra.cli.dlq:dlq",
     "generate": "enhydra.cli.generate:generate",

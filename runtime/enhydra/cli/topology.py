@@ -138,7 +138,9 @@ def check(target: str, against: Path, fmt: str) -> None:
         sys.exit(1)
 
 
-def _locate(target: str | None, output: Path | None) -> tuple[str, Path]:
+def locate(
+    target: str | None, output: Path | None, command: str = "topology lock"
+) -> tuple[str, Path]:
     """TARGET and the baseline file: given, or those of the project around the current folder."""
     if target is not None:
         return target, output or Path(BASELINE)
@@ -146,7 +148,7 @@ def _locate(target: str | None, output: Path | None) -> tuple[str, Path]:
         project = find_project(Path.cwd())
     except GenerateError as exc:
         raise click.ClickException(
-            f"{exc.message}; or name the service: enhydra topology lock MODULE:ATTR"
+            f"{exc.message}; or name the service: enhydra {command} MODULE:ATTR"
         ) from None
     return f"{project.package}.service:service", output or project.root / BASELINE
 
@@ -178,7 +180,7 @@ def lock(target: str | None, deployed: bool, output: Path | None) -> None:
       enhydra topology lock --deployed        # right after deploying this version
       enhydra topology lock billing.service:service -f topology.json
     """
-    target, path = _locate(target, output)
+    target, path = locate(target, output)
     previous = read_topology(path) if path.exists() else None
     current = _topology(target)
     try:

@@ -102,6 +102,7 @@ class ApiContext:
     plugins: Callable[[], list[Any]] = list
     shutdown: Callable[[], None] | None = None
     admin_routes: Iterable[AdminRoute] = ()
+    asyncapi: Callable[[], dict[str, Any]] | None = None  # the service's AsyncAPI document
     forwards: Counter[str] = field(default_factory=Counter)
 
     def engine(self) -> Engine:

@@ -51,6 +51,7 @@ def build_app(
     admin_routes: Iterable[AdminRoute] = (),
     projections: Callable[[], Mapping[str, Any]] | None = None,
     plugins: Callable[[], list[Any]] | None = None,
+    asyncapi: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """Routes over whichever engine currently runs (it is replaced after a crash).
 
@@ -58,7 +59,8 @@ def build_app(
     (method, path, handler(request, body)) endpoints other parts of the runtime add, guarded by
     the admin token. `projections` returns the read models hosted here (name -> engine); they
     answer key queries from this instance's partitions only, since their consumer groups are
-    balanced apart from the aggregate's.
+    balanced apart from the aggregate's. `asyncapi` builds the service's AsyncAPI document
+    (GET /v1/asyncapi.json, built once on first request).
     """
     config = ApiConfig.of(settings)
     ctx = ApiContext(
@@ -77,6 +79,7 @@ def build_app(
         plugins=plugins or list,
         shutdown=shutdown,
         admin_routes=tuple(admin_routes),
+        asyncapi=asyncapi,
     )
     table: list[Route] = []
     table += operations.routes(ctx, lambda: table)

@@ -1,4 +1,4 @@
-"""Health, Prometheus metrics, the OpenAPI document and the status page."""
+"""Health, Prometheus metrics, the OpenAPI and AsyncAPI documents and the status page."""
 
 from __future__ import annotations
 
@@ -53,10 +53,17 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
     async def openapi(request: web.Request, args: dict[str, Any]) -> web.Response:
         return json_response(document(table(), title=f"{ctx.config.app_id} (Enhydra)", version="1"))
 
+    built: list[bytes] = []  # the AsyncAPI document: built on the first request, then kept
+
+    async def asyncapi(request: web.Request, args: dict[str, Any]) -> web.Response:
+        if not built and ctx.asyncapi is not None:
+            built.append(json_response(ctx.asyncapi()).body)
+        return web.Response(body=built[0], content_type="application/json")
+
     async def index(request: web.Request, args: dict[str, Any]) -> web.Response:
         return web.Response(body=status_page, content_type="text/html", charset="utf-8")
 
-    return [
+    own = [
         Route("GET", "/", index, "the status page", "operations", content_type="text/html"),
         Route("GET", "/health/live", live, "the process answers", "operations"),
         Route(
@@ -77,3 +84,7 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
         ),
         Route("GET", "/v1/openapi.json", openapi, "this document", "operations"),
     ]
+    if ctx.asyncapi is not None:
+        text = "the AsyncAPI 3 document of the service's topics, messages and headers"
+        own.append(Route("GET", "/v1/asyncapi.json", asyncapi, text, "operations"))
+    return own
