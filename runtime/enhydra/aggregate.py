@@ -99,16 +99,18 @@ class Aggregate:
             self._declare_types()
 
     def _declare_types(self) -> None:
-        """Wrap decide/apply/parse so the user's functions see typed values (once: a copy
-        made by dataclasses.replace, or a plugin's dispatcher around them, is not rewrapped)."""
+        """Wrap decide/apply/parse so the user's functions see typed values. A copy made by
+        dataclasses.replace wraps the user's functions again with its own types; a plugin's
+        dispatcher around typed handlers (plugins.extend) is left as it is."""
         from enhydra.messages import Typed, check_declarations, typed_handlers
 
         check_declarations(self.name, self.command_types, self.event_types, self.state_type)
         typed = Typed(self.command_types, self.event_types, self.state_type)
         object.__setattr__(self, "typed", typed)
-        if _is_typed(self.apply):
+        if getattr(getattr(self.apply, "base", None), "typed", False):
             return
-        decide, apply, parse = typed_handlers(typed, self.decide, self.apply, self.parse)
+        decide, apply, parse = (_unwrapped(f) for f in (self.decide, self.apply, self.parse))
+        decide, apply, parse = typed_handlers(typed, decide, apply, parse)
         object.__setattr__(self, "decide", decide)
         object.__setattr__(self, "apply", apply)
         object.__setattr__(self, "parse", parse)
@@ -124,8 +126,9 @@ class Aggregate:
         )
 
 
-def _is_typed(fn: Any) -> bool:
-    return bool(getattr(fn, "typed", False) or getattr(getattr(fn, "base", None), "typed", False))
+def _unwrapped(fn: Any) -> Any:
+    """The user's function behind a typed wrapper (messages.typed_handlers)."""
+    return fn.__wrapped__ if getattr(fn, "typed", False) else fn
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,18 @@ def test_a_typed_aggregate_copied_or_extended_is_wrapped_once():
     from dataclasses import replace
 
     copy = replace(typed.accounts, description="copy")
-    assert copy.apply is typed.accounts.apply and copy.typed is not None
+    assert copy.apply.__wrapped__ is typed.apply and copy.typed is not None
     state = copy.apply(None, {"type": "opened"})
     assert state == typed.Account(0, "open", 1)
+
+    class Open(msgspec.Struct, tag="open"):
+        account: str
+        owner: str
+
+    commands = (Open, typed.Deposit, typed.Withdraw, typed.Close)
+    changed = replace(typed.accounts, command_types=commands)
+    with pytest.raises(InvalidCommand, match="owner"):
+        changed.parse({"type": "open", "account": "a"})  # the copy validates with its types
 
 
 # -- stored-state versions ---------------------------------------------------------------

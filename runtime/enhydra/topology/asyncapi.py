@@ -18,10 +18,12 @@ running service agree on every topic name, partition count and schema:
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from enhydra.contracts.fingerprint import canonical_json
 from enhydra.contracts.headers import (
     COMMAND_ID_HEADER,
     COMMAND_OFFSET_HEADER,
@@ -422,10 +424,9 @@ def build_asyncapi(
             projection["group"],
         )
 
-    handlers = topology.get("handlers") or [{}]
     info: dict[str, Any] = {
         "title": app_id,
-        "version": str(handlers[0].get("code") or "0"),
+        "version": "0",  # the contract's digest, set below
         "description": description
         or f"The Kafka contract of the Enhydra service {app_id!r}: what it reads and writes.",
     }
@@ -447,6 +448,14 @@ def build_asyncapi(
     }
     if components:
         document["components"] = components
+    # The version of the contract itself: it changes with a topic, a message or a schema, not
+    # with handler logic or the servers of one environment (so a committed copy stays right).
+    contract = {
+        "channels": channels,
+        "operations": operations,
+        "schemas": components.get("schemas"),
+    }
+    info["version"] = "sha256:" + hashlib.sha256(canonical_json(contract)).hexdigest()[:16]
     return document
 
 
