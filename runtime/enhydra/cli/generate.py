@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import keyword
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,3 +224,23 @@ def generate(kind: str, name: str, project: Path) -> None:
     found = find_project(project.resolve())
     for path in KINDS[kind](found, check_name(name)):
         click.echo(f"wrote {path.relative_to(found.root)}")
+    if kind != "job" and (found.root / ASYNCAPI_FILE).exists():
+        refresh_asyncapi(found.root)
+
+
+ASYNCAPI_FILE = "asyncapi.json"
+
+
+def refresh_asyncapi(root: Path) -> None:
+    """Rewrite the project's asyncapi.json: a handler or projection changes the contract, and
+    the project's test holds the committed document to the code. Run in a fresh interpreter,
+    so it sees the code just written; with the code's defaults, as that test does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENHYDRA_")}
+    command = [sys.executable, "-m", "enhydra.cli.main", "asyncapi", "-o", ASYNCAPI_FILE]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        click.echo(f"rewrote {ASYNCAPI_FILE} (the topics' contract changed: review it)")
+    else:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        hint = f"run `enhydra asyncapi -o {ASYNCAPI_FILE}`"
+        click.echo(f"could not rewrite {ASYNCAPI_FILE}: {last}; {hint}", err=True)
