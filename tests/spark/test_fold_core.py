@@ -22,7 +22,7 @@ from enhydra.contracts.fold_input import kafka_events_batch
 from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 from enhydra.processing.core import InputRecord, process_batch
 from enhydra.snapshots.format import partition_for
-from enhydra.spark.fold import EventFold, FoldError, fold_batches
+from enhydra.spark.fold import EventFold, FoldError, applied_events, fold_batches
 from ledger.domain import accounts
 from ledger.workload import generate
 
@@ -231,3 +231,138 @@ def test_keys_may_come_in_any_fixed_order_but_not_twice() -> None:
     assert [(r[0], decode_entry(r[2]).state) for r in out] == [(b"z", [2, 2]), (b"a", [1, 1])]
     with pytest.raises(FoldError, match="must be grouped by key"):
         EventFold(_apply_counter).feed([row(b"z", 1, 0), row(b"a", 2, 1), row(b"z", 1, 3)])
+
+
+# --------------------------------------------------------------------------- the hash fold
+
+
+def log_order(rows: list[tuple[Any, ...]], seed: int) -> list[tuple[Any, ...]]:
+    """Whole partitions as one task may get them: each in offset order, interleaved at random."""
+    rng = random.Random(seed)
+    queues = {}
+    for row in sorted(rows, key=lambda r: (r[1], r[2])):
+        queues.setdefault(row[1], []).append(row)
+    out: list[tuple[Any, ...]] = []
+    while queues:
+        p = rng.choice(sorted(queues))
+        take = rng.randint(1, 7)
+        out += queues[p][:take]
+        del queues[p][:take]
+        if not queues[p]:
+            del queues[p]
+    return out
+
+
+def kafka_batches(rows: list[tuple[Any, ...]], seed: int) -> list:
+    rng = random.Random(seed)
+    records = [
+        (key, p, offset, value, _headers(cid, coff, index))
+        for key, p, offset, value, cid, coff, index in rows
+    ]
+    batches, i = [], 0
+    while i < len(records):
+        size = rng.randint(1, 9)
+        batches.append(kafka_events_batch(records[i : i + size]))
+        i += size
+    return batches
+
+
+def output_rows(
+    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, hashed: bool, window: int, seed: int
+) -> list[dict[str, Any]]:
+    """Every output column of every key, as the hash fold (log order) or the sort fold gives it."""
+    ordered = log_order(rows, seed) if hashed else sorted(rows, key=lambda r: (r[0], r[1], r[2]))
+    batches = kafka_batches(ordered, seed)
+    return [
+        row
+        for batch in fold_batches(batches, aggregate, dedup_window=window, hashed=hashed)
+        for row in batch.to_pylist()
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    commands=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d", "e", "f", "g"]),
+            st.integers(0, 3),
+            st.integers(-5, 5),
+            st.integers(0, 12),
+        ),
+        max_size=80,
+    ),
+    crash_every=st.sampled_from([0, 2, 3]),
+    batch=st.integers(1, 6),
+    index_header=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_the_hash_fold_writes_the_sort_folds_rows_byte_for_byte(
+    commands: list[tuple[str, int, int, int]],
+    crash_every: int,
+    batch: int,
+    index_header: bool,
+    seed: int,
+) -> None:
+    """Republished duplicates (a crash re-produces a batch), multi-event commands, with and
+    without the event index: the same entries, and the same bytes, in the same (key) order."""
+    cmds = [
+        (key, {"command_id": f"{key}-{n}", "times": times, "amount": amount})
+        for key, times, amount, n in commands
+    ]
+    entries, rows = run_engine(
+        counter, cmds, batch=batch, crash_every=crash_every, index_header=index_header, window=4
+    )
+    hashed = output_rows(counter, rows, hashed=True, window=4, seed=seed)
+    assert [r["key"] for r in hashed] == sorted(r["key"] for r in hashed)  # sorted by key
+    assert hashed == sorted(
+        output_rows(counter, rows, hashed=False, window=4, seed=seed), key=lambda r: r["key"]
+    )
+    if index_header:  # without the index, a duplicate right after its original is applied
+        assert {r["key"]: decode_entry(r["value"]) for r in hashed} == entries
+
+
+def test_the_hash_fold_of_a_ledger_with_crashes_is_the_runtimes() -> None:
+    commands = generate(200, 3000, seed=7)
+    entries, rows = run_engine(
+        accounts, commands, crash_every=3, batch=20, partitions=4, index_header=True
+    )
+    assert len(rows) > len({(r[0], r[5]) for r in rows})  # the log holds republished copies
+    hashed = output_rows(accounts, rows, hashed=True, window=100, seed=7)
+    same({r["key"]: decode_entry(r["value"]) for r in hashed}, entries)
+    assert hashed == sorted(
+        output_rows(accounts, rows, hashed=False, window=100, seed=7), key=lambda r: r["key"]
+    )
+
+
+def test_the_hash_fold_applies_the_same_events_per_key() -> None:
+    """The corrected history (`--emit-events`): per key the same events, in the same order."""
+    cmds = [(k, {"command_id": f"{k}{i}", "times": 2}) for i in range(30) for k in "xyz"]
+    _, rows = run_engine(counter, cmds, batch=4, crash_every=2, index_header=True)
+
+    def per_key(hashed: bool) -> dict[bytes, list[tuple[Any, ...]]]:
+        ordered = log_order(rows, 1) if hashed else sorted(rows, key=lambda r: (r[0], r[2]))
+        out: dict[bytes, list[tuple[Any, ...]]] = {}
+        for batch in applied_events(kafka_batches(ordered, 1), counter, hashed=hashed):
+            for row in batch.to_pylist():
+                out.setdefault(row["key"], []).append((row["value"], row["headers"]))
+        return out
+
+    assert per_key(True) == per_key(False)
+    assert sum(map(len, per_key(True).values())) < len(rows)  # the copies were dropped
+
+
+def test_a_key_whose_offsets_go_backwards_is_refused_not_folded() -> None:
+    """A reader that broke the offset order must not give a wrong state silently."""
+    rows = [
+        _row(b"a", 0, 0, b'{"add":1}', b"0"),
+        _row(b"b", 0, 1, b'{"add":1}', b"1"),
+        _row(b"a", 0, 3, b'{"add":1}', b"3"),
+        _row(b"a", 0, 2, b'{"add":1}', b"2"),
+    ]
+    where = r"key b'a' at partition 0 offset 2: it comes after offset 3 of the same key"
+    with pytest.raises(FoldError, match=where + r".*not in offset order \(rerun with --fold sort"):
+        EventFold(_apply_counter, hashed=True).feed(rows)
+    with pytest.raises(FoldError, match=where):  # the sort fold checks it too
+        EventFold(_apply_counter).feed(sorted(rows, key=lambda r: r[0]))
+    with pytest.raises(FoldError, match="has events in partitions 0 and 1"):
+        EventFold(_apply_counter, hashed=True).feed([rows[0], rows[1], _row(b"a", 1, 9, b"{}")])

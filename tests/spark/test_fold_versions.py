@@ -136,3 +136,15 @@ def test_corrected_events_keep_the_version_they_were_written_with() -> None:
     by_value = {(r[0], r[3], header(r[4], EVENT_VERSION_HEADER)) for r in records}
     assert {(r[0], r[3], header(r[4], EVENT_VERSION_HEADER)) for r in again} == by_value
     assert folded(accounts, again) == model(commands)
+
+
+def test_the_hash_fold_upcasts_and_records_the_state_version_as_the_sort_fold() -> None:
+    """In log order (no sort), the three deployments' events give the sort fold's very bytes."""
+    commands, records = history()
+    in_log_order = [kafka_events_batch(records[i : i + 50]) for i in range(0, len(records), 50)]
+    hashed = [r for b in fold_batches(in_log_order, accounts, hashed=True) for r in b.to_pylist()]
+    by_sort = [r for b in fold_batches(batches(records), accounts) for r in b.to_pylist()]
+    assert hashed == sorted(by_sort, key=lambda r: r["key"])
+    entries = {r["key_text"]: decode_entry(r["value"]) for r in hashed}
+    assert {k: e.state for k, e in entries.items()} == model(commands)
+    assert {e.version for e in entries.values()} == {accounts.state_version}

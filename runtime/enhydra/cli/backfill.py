@@ -101,6 +101,14 @@ def _options() -> list[Callable[[Any], Any]]:
         ),
         click.option("--tasks", type=click.IntRange(min=1), help="Fold tasks (implies --shuffle)."),
         click.option(
+            "--fold",
+            type=click.Choice(["hash", "sort"]),
+            default=None,
+            help="In place, fold each task's events in log order holding every key in memory "
+            "(hash), or sort them by key first, one key in memory at a time (sort) "
+            "[default: hash in place, sort after a shuffle].",
+        ),
+        click.option(
             "--spark-logs",
             is_flag=True,
             help="Show Spark's own log instead of writing it to a file.",
@@ -307,6 +315,7 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
             tasks=opts["tasks"],
             shuffle=opts["shuffle"],
             emit_events=opts["emit_events"],
+            fold=opts["fold"],
         )
     except known as exc:
         raise click.ClickException(str(exc)) from exc
