@@ -137,8 +137,10 @@ class EventFold:
         self.initial_state = initial_state
         self.dedup_window = dedup_window
         self.decode = decode
-        # hashed: key -> [partition, state, offset, index, previous, ids, applied, row offset]
-        self.held: dict[bytes, list[Any]] | None = {} if hashed else None
+        # hashed: key -> (partition, state, offset, index, previous, ids, applied)
+        self.held: dict[bytes, tuple[Any, ...]] | None = {} if hashed else None
+        self.ats: dict[int, int] = {}  # hashed: Kafka offset of each partition's previous row
+        self.at_partition = -1  # hashed: the partition whose previous offset is `at`
         self.key: bytes | None = None
         self.order: int | None = None
         self.events_seen = 0
@@ -153,7 +155,7 @@ class EventFold:
         self.previous: int | None = None  # command offset of the previous row of this key
         self.ids: deque[bytes] = deque(maxlen=self.dedup_window)
         self.applied = 0
-        self.at = -1  # Kafka offset of this key's previous row
+        self.at = -1  # Kafka offset of the previous row: of this key (sorted), partition (hashed)
 
     def _row(self) -> tuple[Any, ...]:
         return self._entry_row(
@@ -198,6 +200,7 @@ class EventFold:
         current, part, current_order = self.key, self.partition, self.order
         state, last, last_index, previous = self.state, self.offset, self.index, self.previous
         ids, applied, at = self.ids, self.applied, self.at
+        ats, at_partition, initial = self.ats, self.at_partition, self.initial_state
         seen = 0
         try:
             for row in rows:
@@ -210,32 +213,17 @@ class EventFold:
                         raise FoldError(f"event at partition {partition} offset {offset}: no key")
                     if held is not None:  # park the current key, take up this one
                         if current is not None:
-                            held[current] = [
-                                part,
-                                state,
-                                last,
-                                last_index,
-                                previous,
-                                ids,
-                                applied,
-                                at,
-                            ]
+                            held[current] = (part, state, last, last_index, previous, ids, applied)
                         book = held.get(key)
                         if book is None:
-                            book = [
-                                partition,
-                                self.initial_state,
-                                -1,
-                                -1,
-                                None,
-                                deque(maxlen=window),
-                                0,
-                                -1,
-                            ]
-                        part, state, last, last_index, previous, ids, applied, at = book
+                            book = (partition, initial, -1, -1, None, deque(maxlen=window), 0)
+                        part, state, last, last_index, previous, ids, applied = book
                         current = key
                         if partition != part:
                             raise _split_key(key, part, partition)
+                        if partition != at_partition:  # `at` is the partition's last offset
+                            ats[at_partition] = at
+                            at_partition, at = partition, ats.get(partition, -1)
                     else:
                         if current is not None:
                             if (
@@ -250,20 +238,14 @@ class EventFold:
                         self._start(key, partition)
                         current, part, current_order = key, partition, order
                         self.order = order
-                        state, last, last_index, previous = self.initial_state, -1, -1, None
+                        state, last, last_index, previous = initial, -1, -1, None
                         ids, applied, at = self.ids, 0, -1
                 elif key is None:
                     raise FoldError(f"event at partition {partition} offset {offset}: no key")
                 elif partition != part:
                     raise _split_key(key, part, partition)
                 if offset <= at:
-                    raise _error(
-                        key,
-                        partition,
-                        offset,
-                        f"it comes after offset {at} of the same key: the events are not in "
-                        "offset order" + (" (rerun with --fold sort)" if held is not None else ""),
-                    )
+                    raise _backwards(key, partition, offset, at, held is not None)
                 at = offset
                 event_index = None
                 if command_offset is not None:
@@ -323,7 +305,7 @@ class EventFold:
             self.events_seen += seen
             self.key, self.partition = current, part
             self.state, self.offset, self.index, self.previous = state, last, last_index, previous
-            self.ids, self.applied, self.at = ids, applied, at
+            self.ids, self.applied, self.at, self.at_partition = ids, applied, at, at_partition
         return out
 
     def finish(self) -> list[tuple[Any, ...]]:
@@ -336,7 +318,7 @@ class EventFold:
             row = self._row()
             self.key = None
             return [row]
-        held[self.key] = [
+        held[self.key] = (
             self.partition,
             self.state,
             self.offset,
@@ -344,8 +326,7 @@ class EventFold:
             self.previous,
             self.ids,
             self.applied,
-            self.at,
-        ]
+        )
         self.key = None
         rows = [
             self._entry_row(key, book[0], book[1], book[2], book[5], book[6])
@@ -358,6 +339,17 @@ class EventFold:
 
 def _first(row: tuple[Any, ...]) -> Any:
     return row[0]
+
+
+def _backwards(key: bytes, partition: int, offset: int, at: int, hashed: bool) -> FoldError:
+    """Never fold out of order: a row at or below the previous offset is refused."""
+    if hashed:
+        why = f"it comes after offset {at} of partition {partition}: the rows are not in the "
+        return _error(
+            key, partition, offset, why + "partition's offset order (rerun with --fold sort)"
+        )
+    why = f"it comes after offset {at} of the same key: the events are not in offset order"
+    return _error(key, partition, offset, why)
 
 
 def _split_key(key: bytes, part: int, partition: int) -> FoldError:
