@@ -353,19 +353,30 @@ def test_the_hash_fold_applies_the_same_events_per_key() -> None:
 
 def test_offsets_that_go_backwards_are_refused_not_folded() -> None:
     """A reader that broke the offset order must not give a wrong state silently: hashed, a
-    partition's offsets must rise (whatever the keys); sorted, each key's."""
+    partition's offsets must rise (whatever the keys, across batches too); either way, each
+    key's."""
     rows = [
-        _row(b"a", 0, 0, b'{"add":1}', b"0"),
-        _row(b"b", 0, 1, b'{"add":1}', b"1"),
-        _row(b"a", 0, 3, b'{"add":1}', b"3"),
-        _row(b"a", 0, 2, b'{"add":1}', b"2"),
+        (b"a", 0, 0, b'{"add":1}', b"c0", b"0", None),
+        (b"b", 0, 1, b'{"add":1}', b"c1", b"1", None),
+        (b"a", 0, 3, b'{"add":1}', b"c3", b"3", None),
+        (b"b", 0, 2, b'{"add":1}', b"c2", b"2", None),  # b is in order, the partition is not
+        (b"c", 1, 0, b'{"add":1}', b"c0", b"0", None),
     ]
-    where = r"key b'a' at partition 0 offset 2: it comes after offset 3 of "
-    with pytest.raises(FoldError, match=where + r"partition 0: .*\(rerun with --fold sort\)"):
-        EventFold(_apply_counter, hashed=True).feed(rows)
-    with pytest.raises(FoldError, match=where + "the same key"):  # the sort fold checks it too
-        EventFold(_apply_counter).feed(sorted(rows, key=lambda r: r[0]))
-    with pytest.raises(FoldError, match=r"key b'b' at partition 0 offset 1: it comes after"):
-        EventFold(_apply_counter, hashed=True).feed([rows[0], rows[2], rows[1]])  # other keys
+    for seed in range(5):  # whatever the batch boundaries
+        with pytest.raises(
+            FoldError,
+            match=r"key b'b' at partition 0 offset 2: it comes after offset 3 of partition 0: "
+            r".*rerun with --fold sort",
+        ):
+            list(fold_batches(kafka_batches(rows, seed), counter, hashed=True))
+    assert len(list(fold_batches(kafka_batches(sorted(rows), 0), counter))) == 1  # sorted: fine
+    key_backwards = [_row(b"a", 0, 0, b'{"add":1}'), _row(b"a", 0, 3, b'{"add":1}', b"3")]
+    key_backwards.append(_row(b"a", 0, 2, b'{"add":1}', b"2"))
+    where = r"key b'a' at partition 0 offset 2: it comes after offset 3 of the same key"
+    for hashed in (True, False):
+        with pytest.raises(FoldError, match=where):
+            EventFold(_apply_counter, hashed=hashed).feed(key_backwards)
     with pytest.raises(FoldError, match="has events in partitions 0 and 1"):
-        EventFold(_apply_counter, hashed=True).feed([rows[0], rows[1], _row(b"a", 1, 9, b"{}")])
+        EventFold(_apply_counter, hashed=True).feed(
+            [(*rows[0][:7], None, None), _row(b"a", 1, 9, b"{}")]
+        )
