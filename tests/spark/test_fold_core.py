@@ -41,6 +41,16 @@ def _apply_counter(state: Any, event: dict[str, Any]) -> Any:
 
 
 counter = Aggregate("counter", decide=_decide_counter, apply=_apply_counter)
+# (key, events per command, amount, command number): commands of the counter
+COUNTER_COMMANDS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", "d", "e"]),
+        st.integers(0, 3),
+        st.integers(-5, 5),
+        st.integers(0, 12),
+    ),
+    max_size=60,
+)
 
 
 def run_engine(
@@ -84,21 +94,26 @@ def run_engine(
     return entries, rows
 
 
-def fold(
-    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, window: int = 100, seed: int = 0
-) -> dict[bytes, Entry]:
-    """Sort like the Spark job, cut into batches of random sizes, fold."""
-    rows = sorted(rows, key=lambda r: (r[0], r[1], r[2]))
+def kafka_batches(rows: list[tuple[Any, ...]], seed: int) -> list:
+    """Engine rows as Kafka-shaped Arrow batches of random sizes (1 to 9 rows)."""
+    rng = random.Random(seed)
     records = [
         (key, p, offset, value, _headers(cid, coff, index))
         for key, p, offset, value, cid, coff, index in rows
     ]
-    rng = random.Random(seed)
     batches, i = [], 0
     while i < len(records):  # Kafka-shaped batches, as both readers hand them to the fold
         size = rng.randint(1, 9)
         batches.append(kafka_events_batch(records[i : i + size]))
         i += size
+    return batches
+
+
+def fold(
+    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, window: int = 100, seed: int = 0
+) -> dict[bytes, Entry]:
+    """Sort like the Spark job, cut into batches of random sizes, fold."""
+    batches = kafka_batches(sorted(rows, key=lambda r: (r[0], r[1], r[2])), seed)
     out: dict[bytes, Entry] = {}
     for batch in fold_batches(batches, aggregate, dedup_window=window):
         for row in batch.to_pylist():
@@ -136,15 +151,7 @@ def test_ledger_fold_equals_the_runtime_entries(seed: int, accounts_n: int, wind
 
 @settings(max_examples=40, deadline=None)
 @given(
-    commands=st.lists(
-        st.tuples(
-            st.sampled_from(["a", "b", "c", "d", "e"]),
-            st.integers(0, 3),
-            st.integers(-5, 5),
-            st.integers(0, 12),
-        ),
-        max_size=60,
-    ),
+    commands=COUNTER_COMMANDS,
     crash_every=st.sampled_from([0, 2, 3]),
     batch=st.integers(1, 6),
 )
@@ -253,20 +260,6 @@ def log_order(rows: list[tuple[Any, ...]], seed: int) -> list[tuple[Any, ...]]:
     return out
 
 
-def kafka_batches(rows: list[tuple[Any, ...]], seed: int) -> list:
-    rng = random.Random(seed)
-    records = [
-        (key, p, offset, value, _headers(cid, coff, index))
-        for key, p, offset, value, cid, coff, index in rows
-    ]
-    batches, i = [], 0
-    while i < len(records):
-        size = rng.randint(1, 9)
-        batches.append(kafka_events_batch(records[i : i + size]))
-        i += size
-    return batches
-
-
 def output_rows(
     aggregate: Aggregate, rows: list[tuple[Any, ...]], *, hashed: bool, window: int, seed: int
 ) -> list[dict[str, Any]]:
@@ -282,15 +275,7 @@ def output_rows(
 
 @settings(max_examples=40, deadline=None)
 @given(
-    commands=st.lists(
-        st.tuples(
-            st.sampled_from(["a", "b", "c", "d", "e", "f", "g"]),
-            st.integers(0, 3),
-            st.integers(-5, 5),
-            st.integers(0, 12),
-        ),
-        max_size=80,
-    ),
+    commands=COUNTER_COMMANDS,
     crash_every=st.sampled_from([0, 2, 3]),
     batch=st.integers(1, 6),
     index_header=st.booleans(),
