@@ -224,6 +224,10 @@ def _prepare(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> di
         conf[key.strip()] = value
     if opts["tasks"] is not None and opts["shuffle"] is False:
         raise click.UsageError("--tasks sets the tasks after a shuffle: drop --no-shuffle")
+    if opts["fold"] == "hash" and (opts["shuffle"] or opts["tasks"] is not None):
+        raise click.UsageError(
+            "--fold hash folds Kafka partitions in place: drop --shuffle/--tasks"
+        )
     return {
         "paths": paths,
         # A Service's own connection (its settings read ENHYDRA_* and the flag), else the
