@@ -104,10 +104,10 @@ class EventFold:
     Two orders of input, one per-event step (dedup rule, upcast, `apply`, bookkeeping):
     - grouped (default): rows grouped by key, each key's in offset order, as a sort gives
       them. A key is finished when the next begins, so memory is one key's state.
-    - `hashed`: rows in log order, each Kafka partition's in offset order, as a reader gives
-      them when one task holds whole partitions. Every key's bookkeeping stays in a dict until
-      `finish` (memory: every key of the task's partitions, the entries a service's store
-      holds for them), and no sort is needed.
+    - `hashed`: keys in any interleaving, as a reader gives whole partitions in log order
+      (`fold_rows` hands them over in chunks grouped by key, to look keys up less often).
+      Every key's bookkeeping stays in a dict until `finish` (memory: every key of the task's
+      partitions, the entries a service's store holds for them), and no sort is needed.
     Either way a key's rows must come in increasing offset order; a row at or below the key's
     previous offset is refused (FoldError), never folded out of order.
 
