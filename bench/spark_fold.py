@@ -13,15 +13,18 @@ ledger declares versions), the replay does not. Every time includes the read.
 
 - python: one process reads the dataset, then one loop over the events in log order with a
   dict of states (one process sees every key, so it needs no sort).
-- spark in place, local[1] and local[2]: what the backfill runs (`fold_events(shuffle=False)`:
-  sort each partition by key, then the streaming mapInArrow fold), forced to completion with
-  the `noop` sink.
-- spark shuffled, local[2]: the same with a repartition by key first (what the job does when
-  a topic has fewer partitions than cores), to show what the shuffle costs.
+- spark in place, hash, local[1] and local[2]: what the backfill runs
+  (`fold_events(shuffle=False)`: each task folds its partitions' rows in log order into a
+  dict of keys, no sort), forced to completion with the `noop` sink.
+- spark in place, sort, local[1] and local[2]: the fold before the hash fold, still there as
+  `--fold sort` (sort each partition by key, then the streaming fold, one key at a time).
+- spark shuffled, local[2]: a repartition by key and a sort first (what the job does when a
+  topic has fewer partitions than cores), to show what the shuffle costs.
 
-Runs are interleaved (python, spark local[1], local[2], shuffled; then again) and every figure
-is the median of the rounds. The two target ratios are printed last: spark local[2] / python
-(>= 1.5) and local[2] / local[1] (>= 1.8). --profile adds where the time goes: CPU seconds of
+Runs are interleaved (python, then each Spark run; then again) and every figure is the median
+of the rounds. The target ratios are printed last, for the hash fold and for the sort fold:
+spark local[2] / python (>= 1.5) and local[2] / local[1] (>= 1.8). --profile adds where the
+time goes: CPU seconds of
 the JVM and of the Python workers per run, Spark's stage timings, and the Python workers' hot
 frames (py-spy). --pin runs local[N] on N CPUs (taskset-like), so local[1] is one core.
 --source kafka reads a fresh broker instead of the Parquet files: Spark's Kafka connector
@@ -366,10 +369,11 @@ def spark_fold(
     cores: int,
     *,
     shuffle: bool,
+    fold: str | None = None,
     profile: Path | None = None,
     pin: bool = False,
 ) -> dict[str, object]:
-    """Seconds for read + (shuffle +) sort + fold of every event on local[cores].
+    """Seconds for read + (shuffle +) (sort +) fold of every event on local[cores].
 
     `source` is the Parquet dataset, or (bootstrap, topic) to read with Spark's Kafka source.
     `pin` runs the JVM and its Python workers on `cores` CPUs only (local[1] otherwise also
@@ -379,7 +383,7 @@ def spark_fold(
     if pin:
         os.sched_setaffinity(0, set(sorted(everywhere)[:cores]))  # the JVM inherits it
     try:
-        return _spark_fold(source, cores, shuffle=shuffle, profile=profile)
+        return _spark_fold(source, cores, shuffle=shuffle, fold=fold, profile=profile)
     finally:
         os.sched_setaffinity(0, everywhere)
 
@@ -389,6 +393,7 @@ def _spark_fold(
     cores: int,
     *,
     shuffle: bool,
+    fold: str | None,
     profile: Path | None,
 ) -> dict[str, object]:
     from pyspark.sql import SparkSession
@@ -421,7 +426,7 @@ def _spark_fold(
             events = read_events(spark, topic, bootstrap, method="kafka", split_records=split)
         else:
             events = spark.read.parquet(str(source))
-        folded = fold_events(events, accounts, shuffle=shuffle)
+        folded = fold_events(events, accounts, shuffle=shuffle, fold=fold)
         before = cpu_split()
         started = time.perf_counter()
         if profile is not None:
@@ -490,10 +495,12 @@ def main() -> None:
             replay = lambda: python_replay_kafka(bootstrap, "ledger-events")  # noqa: E731
         else:
             print("source: the Parquet dataset (one file per Kafka partition)")
-        runs = {
-            "spark local[1], in place": (1, False),
-            "spark local[2], in place": (2, False),
-            "spark local[2], shuffled": (2, True),
+        runs = {  # name: (cores, shuffle, fold)
+            "spark local[1], in place, hash": (1, False, "hash"),
+            "spark local[2], in place, hash": (2, False, "hash"),
+            "spark local[1], in place, sort": (1, False, "sort"),
+            "spark local[2], in place, sort": (2, False, "sort"),
+            "spark local[2], shuffled": (2, True, None),
         }
         seconds: dict[str, list[float]] = {"python, 1 process": []}
         seconds.update({name: [] for name in runs})
@@ -504,15 +511,17 @@ def main() -> None:
             seconds["python, 1 process"].append(read_s + fold_s)
             python_fold.append(fold_s)
             progress(f"round {r + 1}: python {read_s:.1f}s read + {fold_s:.1f}s fold (+ read)")
-            for name, (cores, shuffle) in runs.items():
-                run = spark_fold(source, cores, shuffle=shuffle, pin=args.pin)
+            for name, (cores, shuffle, fold) in runs.items():
+                run = spark_fold(source, cores, shuffle=shuffle, fold=fold, pin=args.pin)
                 seconds[name].append(run["seconds"])
                 details[name] = run
                 progress(f"round {r + 1}: {name} {run['seconds']:.1f}s ({run['tasks']} tasks)")
         if args.profile:  # one more run each, not timed: py-spy takes CPU from the 2 cores
-            for name, (cores, shuffle) in runs.items():
-                profile = tmp / f"pyspy-{cores}-{shuffle}.txt"
-                details[name] = spark_fold(source, cores, shuffle=shuffle, profile=profile)
+            for name, (cores, shuffle, fold) in runs.items():
+                profile = tmp / f"pyspy-{cores}-{shuffle}-{fold}.txt"
+                details[name] = spark_fold(
+                    source, cores, shuffle=shuffle, fold=fold, profile=profile
+                )
                 progress(f"profiled {name}")
         rate = {name: n / median(s) for name, s in seconds.items()}
         pinned = "; spark runs pinned to N CPUs" if args.pin else ""
@@ -529,13 +538,18 @@ def main() -> None:
             fold_rate = n / median(python_fold)
             print(f"python fold alone (no read): {fold_rate:,.0f} events/s; keys: {keys:,}")
         base = rate["python, 1 process"]
-        two, one = rate["spark local[2], in place"], rate["spark local[1], in place"]
         shuffled = rate["spark local[2], shuffled"]
-        print(
-            f"ratio spark local[2] in place / python 1 process: {two / base:.2f}x (target >= 1.5)"
-        )
-        print(f"ratio spark local[2] / local[1] (in place): {two / one:.2f}x (target >= 1.8)")
-        print(f"ratio in place / shuffled (local[2]): {two / shuffled:.2f}x")
+        for fold in ("hash", "sort"):
+            two = rate[f"spark local[2], in place, {fold}"]
+            one = rate[f"spark local[1], in place, {fold}"]
+            print(
+                f"ratio spark local[2] in place, {fold} / python 1 process: {two / base:.2f}x "
+                "(target >= 1.5)"
+            )
+            print(f"ratio spark local[2] / local[1] ({fold}): {two / one:.2f}x (target >= 1.8)")
+            print(f"ratio in place, {fold} / shuffled (local[2]): {two / shuffled:.2f}x")
+        hash_, sort = (rate[f"spark local[2], in place, {f}"] for f in ("hash", "sort"))
+        print(f"ratio hash / sort (local[2], in place): {hash_ / sort:.2f}x")
         if args.profile:
             print("\nwhere the time goes (profiled runs): CPU seconds per side of each Spark run")
             print(
@@ -552,7 +566,7 @@ def main() -> None:
                     ],
                 )
             )
-            for name, (cores, shuffle) in runs.items():
+            for name, (cores, shuffle, fold) in runs.items():
                 print(f"\n{name}: Spark stages")
                 print(
                     table(
@@ -569,7 +583,7 @@ def main() -> None:
                         details[name]["stages"],
                     )
                 )
-                frames = hot_frames(tmp / f"pyspy-{cores}-{shuffle}.txt")
+                frames = hot_frames(tmp / f"pyspy-{cores}-{shuffle}-{fold}.txt")
                 if frames:
                     print(f"{name}: Python workers, share of samples in the fold (py-spy)")
                     print(table(["frame", "%"], [[f, f"{p:.1f}"] for f, p in frames]))

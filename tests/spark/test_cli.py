@@ -45,6 +45,8 @@ def run(*args: str) -> tuple[int, str]:
         (["ledger.service:service", "--output", "o", "--conf", "x"], "expected KEY=VALUE"),
         (["ledger.service:service", "--output", "o", "--method", "jdbc"], "'jdbc' is not one of"),
         (["ledger.service:service", "--output", "o", "--tasks", "2", "--no-shuffle"], "--tasks"),
+        (["ledger.service:service", "--output", "o", "--fold", "hash", "--shuffle"], "in place"),
+        (["ledger.service:service", "--output", "o", "--fold", "heap"], "'heap' is not one of"),
     ],
 )
 def test_usage_errors_are_one_line(args: list[str], message: str) -> None:

@@ -22,7 +22,7 @@ from enhydra.contracts.fold_input import kafka_events_batch
 from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER, EVENT_INDEX_HEADER
 from enhydra.processing.core import InputRecord, process_batch
 from enhydra.snapshots.format import partition_for
-from enhydra.spark.fold import EventFold, FoldError, fold_batches
+from enhydra.spark.fold import EventFold, FoldError, applied_events, fold_batches
 from ledger.domain import accounts
 from ledger.workload import generate
 
@@ -41,6 +41,16 @@ def _apply_counter(state: Any, event: dict[str, Any]) -> Any:
 
 
 counter = Aggregate("counter", decide=_decide_counter, apply=_apply_counter)
+# (key, events per command, amount, command number): commands of the counter
+COUNTER_COMMANDS = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", "d", "e"]),
+        st.integers(0, 3),
+        st.integers(-5, 5),
+        st.integers(0, 12),
+    ),
+    max_size=60,
+)
 
 
 def run_engine(
@@ -84,21 +94,26 @@ def run_engine(
     return entries, rows
 
 
-def fold(
-    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, window: int = 100, seed: int = 0
-) -> dict[bytes, Entry]:
-    """Sort like the Spark job, cut into batches of random sizes, fold."""
-    rows = sorted(rows, key=lambda r: (r[0], r[1], r[2]))
+def kafka_batches(rows: list[tuple[Any, ...]], seed: int) -> list:
+    """Engine rows as Kafka-shaped Arrow batches of random sizes (1 to 9 rows)."""
+    rng = random.Random(seed)
     records = [
         (key, p, offset, value, _headers(cid, coff, index))
         for key, p, offset, value, cid, coff, index in rows
     ]
-    rng = random.Random(seed)
     batches, i = [], 0
     while i < len(records):  # Kafka-shaped batches, as both readers hand them to the fold
         size = rng.randint(1, 9)
         batches.append(kafka_events_batch(records[i : i + size]))
         i += size
+    return batches
+
+
+def fold(
+    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, window: int = 100, seed: int = 0
+) -> dict[bytes, Entry]:
+    """Sort like the Spark job, cut into batches of random sizes, fold."""
+    batches = kafka_batches(sorted(rows, key=lambda r: (r[0], r[1], r[2])), seed)
     out: dict[bytes, Entry] = {}
     for batch in fold_batches(batches, aggregate, dedup_window=window):
         for row in batch.to_pylist():
@@ -136,15 +151,7 @@ def test_ledger_fold_equals_the_runtime_entries(seed: int, accounts_n: int, wind
 
 @settings(max_examples=40, deadline=None)
 @given(
-    commands=st.lists(
-        st.tuples(
-            st.sampled_from(["a", "b", "c", "d", "e"]),
-            st.integers(0, 3),
-            st.integers(-5, 5),
-            st.integers(0, 12),
-        ),
-        max_size=60,
-    ),
+    commands=COUNTER_COMMANDS,
     crash_every=st.sampled_from([0, 2, 3]),
     batch=st.integers(1, 6),
 )
@@ -231,3 +238,130 @@ def test_keys_may_come_in_any_fixed_order_but_not_twice() -> None:
     assert [(r[0], decode_entry(r[2]).state) for r in out] == [(b"z", [2, 2]), (b"a", [1, 1])]
     with pytest.raises(FoldError, match="must be grouped by key"):
         EventFold(_apply_counter).feed([row(b"z", 1, 0), row(b"a", 2, 1), row(b"z", 1, 3)])
+
+
+# --------------------------------------------------------------------------- the hash fold
+
+
+def log_order(rows: list[tuple[Any, ...]], seed: int) -> list[tuple[Any, ...]]:
+    """Whole partitions as one task may get them: each in offset order, interleaved at random."""
+    rng = random.Random(seed)
+    queues = {}
+    for row in sorted(rows, key=lambda r: (r[1], r[2])):
+        queues.setdefault(row[1], []).append(row)
+    out: list[tuple[Any, ...]] = []
+    while queues:
+        p = rng.choice(sorted(queues))
+        take = rng.randint(1, 7)
+        out += queues[p][:take]
+        del queues[p][:take]
+        if not queues[p]:
+            del queues[p]
+    return out
+
+
+def output_rows(
+    aggregate: Aggregate, rows: list[tuple[Any, ...]], *, hashed: bool, window: int, seed: int
+) -> list[dict[str, Any]]:
+    """Every output column of every key, as the hash fold (log order) or the sort fold gives it."""
+    ordered = log_order(rows, seed) if hashed else sorted(rows, key=lambda r: (r[0], r[1], r[2]))
+    batches = kafka_batches(ordered, seed)
+    return [
+        row
+        for batch in fold_batches(batches, aggregate, dedup_window=window, hashed=hashed)
+        for row in batch.to_pylist()
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    commands=COUNTER_COMMANDS,
+    crash_every=st.sampled_from([0, 2, 3]),
+    batch=st.integers(1, 6),
+    index_header=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_the_hash_fold_writes_the_sort_folds_rows_byte_for_byte(
+    commands: list[tuple[str, int, int, int]],
+    crash_every: int,
+    batch: int,
+    index_header: bool,
+    seed: int,
+) -> None:
+    """Republished duplicates (a crash re-produces a batch), multi-event commands, with and
+    without the event index: the same entries, and the same bytes, in the same (key) order."""
+    cmds = [
+        (key, {"command_id": f"{key}-{n}", "times": times, "amount": amount})
+        for key, times, amount, n in commands
+    ]
+    entries, rows = run_engine(
+        counter, cmds, batch=batch, crash_every=crash_every, index_header=index_header, window=4
+    )
+    hashed = output_rows(counter, rows, hashed=True, window=4, seed=seed)
+    assert [r["key"] for r in hashed] == sorted(r["key"] for r in hashed)  # sorted by key
+    assert hashed == sorted(
+        output_rows(counter, rows, hashed=False, window=4, seed=seed), key=lambda r: r["key"]
+    )
+    if index_header:  # without the index, a duplicate right after its original is applied
+        assert {r["key"]: decode_entry(r["value"]) for r in hashed} == entries
+
+
+def test_the_hash_fold_of_a_ledger_with_crashes_is_the_runtimes() -> None:
+    commands = generate(200, 3000, seed=7)
+    entries, rows = run_engine(
+        accounts, commands, crash_every=3, batch=20, partitions=4, index_header=True
+    )
+    assert len(rows) > len({(r[0], r[5]) for r in rows})  # the log holds republished copies
+    hashed = output_rows(accounts, rows, hashed=True, window=100, seed=7)
+    same({r["key"]: decode_entry(r["value"]) for r in hashed}, entries)
+    assert hashed == sorted(
+        output_rows(accounts, rows, hashed=False, window=100, seed=7), key=lambda r: r["key"]
+    )
+
+
+def test_the_hash_fold_applies_the_same_events_per_key() -> None:
+    """The corrected history (`--emit-events`): per key the same events, in the same order."""
+    cmds = [(k, {"command_id": f"{k}{i}", "times": 2}) for i in range(30) for k in "xyz"]
+    _, rows = run_engine(counter, cmds, batch=4, crash_every=2, index_header=True)
+
+    def per_key(hashed: bool) -> dict[bytes, list[tuple[Any, ...]]]:
+        ordered = log_order(rows, 1) if hashed else sorted(rows, key=lambda r: (r[0], r[2]))
+        out: dict[bytes, list[tuple[Any, ...]]] = {}
+        for batch in applied_events(kafka_batches(ordered, 1), counter, hashed=hashed):
+            for row in batch.to_pylist():
+                out.setdefault(row["key"], []).append((row["value"], row["headers"]))
+        return out
+
+    assert per_key(True) == per_key(False)
+    assert sum(map(len, per_key(True).values())) < len(rows)  # the copies were dropped
+
+
+def test_offsets_that_go_backwards_are_refused_not_folded() -> None:
+    """A reader that broke the offset order must not give a wrong state silently: hashed, a
+    partition's offsets must rise (whatever the keys, across batches too); either way, each
+    key's."""
+    rows = [
+        (b"a", 0, 0, b'{"add":1}', b"c0", b"0", None),
+        (b"b", 0, 1, b'{"add":1}', b"c1", b"1", None),
+        (b"a", 0, 3, b'{"add":1}', b"c3", b"3", None),
+        (b"b", 0, 2, b'{"add":1}', b"c2", b"2", None),  # b is in order, the partition is not
+        (b"c", 1, 0, b'{"add":1}', b"c0", b"0", None),
+    ]
+    for seed in range(5):  # whatever the batch boundaries
+        with pytest.raises(
+            FoldError,
+            match=r"key b'b' at partition 0 offset 2: it comes after offset 3 of partition 0: "
+            r".*rerun with --fold sort",
+        ):
+            list(fold_batches(kafka_batches(rows, seed), counter, hashed=True))
+    assert len(list(fold_batches(kafka_batches(sorted(rows), 0), counter))) == 1  # sorted: fine
+    key_backwards = [_row(b"a", 0, 0, b'{"add":1}'), _row(b"a", 0, 3, b'{"add":1}', b"3")]
+    key_backwards.append(_row(b"a", 0, 2, b'{"add":1}', b"2"))
+    where = r"key b'a' at partition 0 offset 2: it comes after offset 3 of the same key"
+    for hashed in (True, False):
+        with pytest.raises(FoldError, match=where):
+            EventFold(_apply_counter, hashed=hashed).feed(key_backwards)
+    with pytest.raises(FoldError, match="has events in partitions 0 and 1"):
+        EventFold(_apply_counter, hashed=True).feed(
+            [(*rows[0][:7], None, None), _row(b"a", 1, 9, b"{}")]
+        )

@@ -182,3 +182,15 @@ def test_spark_folds_the_mixed_history_with_the_typed_ledger(spark) -> None:
     rows = fold_events(spark.createDataFrame(table), "ledger.typed:accounts").collect()
     states = {row["key_text"]: orjson.loads(row["state"]) for row in rows}
     assert states == model(commands)
+
+
+def test_the_hash_fold_upcasts_and_records_the_state_version_as_the_sort_fold() -> None:
+    """In log order (no sort), the three deployments' events give the sort fold's very bytes."""
+    commands, records = history()
+    in_log_order = [kafka_events_batch(records[i : i + 50]) for i in range(0, len(records), 50)]
+    hashed = [r for b in fold_batches(in_log_order, accounts, hashed=True) for r in b.to_pylist()]
+    by_sort = [r for b in fold_batches(batches(records), accounts) for r in b.to_pylist()]
+    assert hashed == sorted(by_sort, key=lambda r: r["key"])
+    entries = {r["key_text"]: decode_entry(r["value"]) for r in hashed}
+    assert {k: e.state for k, e in entries.items()} == model(commands)
+    assert {e.version for e in entries.values()} == {accounts.state_version}

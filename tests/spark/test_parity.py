@@ -107,13 +107,14 @@ def as_tuple(entry: Entry) -> tuple[Any, int, list[str]]:
 
 
 @pytest.mark.parametrize("method", ["kafka", "python"])
-@pytest.mark.parametrize("layout", ["in place", "split read, shuffled"])
+@pytest.mark.parametrize("layout", ["in place, hash", "in place, sort", "split read, shuffled"])
 def test_spark_state_equals_the_service_state(
     spark, ledger_run: LedgerRun, method: str, layout: str
 ) -> None:
-    """Both readers, folded in place (one Spark partition per Kafka partition, no shuffle) or
-    read in pieces and shuffled by key: the same entries as the live stores."""
-    in_place = layout == "in place"
+    """Both readers, folded in place (one Spark partition per Kafka partition, no shuffle:
+    in log order with no sort, or sorted by key) or read in pieces and shuffled by key: the
+    same entries as the live stores."""
+    in_place = layout.startswith("in place")
     events = read_events(
         spark,
         f"{ledger_run.app_id}-events",
@@ -124,7 +125,8 @@ def test_spark_state_equals_the_service_state(
     pieces = events.rdd.getNumPartitions()
     assert pieces == PARTITIONS if in_place else pieces > PARTITIONS
     assert events.count() == sum(s["version"] for s in ledger_run.served.values())
-    folded = fold_events(events, TARGET, shuffle=not in_place)
+    fold = layout.rpartition(", ")[2] if in_place else None
+    folded = fold_events(events, TARGET, shuffle=not in_place, fold=fold)
     rows = folded.select("key_text", "state", "value", "partition", "task").collect()
     rebuilt = {row.key_text: orjson.loads(row.state) for row in rows}
     assert len(rebuilt) == len(rows) == len(ledger_run.served) > 1800
@@ -132,9 +134,11 @@ def test_spark_state_equals_the_service_state(
     assert rebuilt == model(ledger_run.commands)
     envelopes = {row.key_text.encode(): as_tuple(decode_entry(row.value)) for row in rows}
     assert envelopes == {k: as_tuple(e) for k, e in ledger_run.changelog.items()}
+    plan = folded._jdf.queryExecution().executedPlan().toString()
     if in_place:  # each Kafka partition was folded by one task, and no exchange was planned
         assert len({(row.partition, row.task) for row in rows}) == PARTITIONS
-        assert "Exchange" not in folded._jdf.queryExecution().executedPlan().toString()
+        assert "Exchange" not in plan
+    assert ("Sort [" in plan) is (fold != "hash"), plan  # the hash fold sorts nothing
 
 
 def test_snapshot_holds_the_live_entries_and_loads_into_stores(

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from enhydra.spark.job import local_cores, plan_layout
+from enhydra.spark.job import BackfillError, local_cores, plan_layout
 from enhydra.spark.ship import (
     EXECUTOR_MODULES,
     job_archive,
@@ -67,11 +67,24 @@ def test_the_layout_folds_in_place_unless_cores_would_idle(
 ) -> None:
     layout = plan_layout(ranges(*counts), cores, shuffle=shuffle, tasks=tasks)
     assert layout.in_place is in_place
-    if in_place:
+    if in_place:  # whole partitions in offset order: folded as they come, no sort
         assert layout.split_records is None and layout.tasks is None
-    else:
+        assert layout.fold == "hash"
+    else:  # a shuffle mixes the offset order: sorted
         assert layout.split_records is not None and layout.tasks == tasks
+        assert layout.fold == "sort"
     assert layout.reason
+    in_place_sorted = plan_layout(ranges(*counts), cores, shuffle=shuffle, tasks=tasks, fold="sort")
+    assert (in_place_sorted.in_place, in_place_sorted.fold) == (in_place, "sort")
+
+
+def test_the_hash_fold_is_in_place_and_refuses_a_shuffle() -> None:
+    layout = plan_layout(ranges(100, 0, 0, 0), 2, fold="hash")  # would shuffle by default
+    assert (layout.in_place, layout.fold, layout.reason) == (True, "hash", "--fold hash")
+    with pytest.raises(BackfillError, match="--fold hash folds Kafka partitions in place"):
+        plan_layout(ranges(100, 100), 2, shuffle=True, fold="hash")
+    with pytest.raises(BackfillError, match="--fold 'heap': expected one of hash, sort"):
+        plan_layout(ranges(100, 100), 2, fold="heap")
 
 
 def test_a_shuffled_layout_reads_in_pieces_for_every_core() -> None:

@@ -101,6 +101,14 @@ def _options() -> list[Callable[[Any], Any]]:
         ),
         click.option("--tasks", type=click.IntRange(min=1), help="Fold tasks (implies --shuffle)."),
         click.option(
+            "--fold",
+            type=click.Choice(["hash", "sort"]),
+            default=None,
+            help="In place, fold each task's events in log order holding every key in memory "
+            "(hash), or sort them by key first, one key in memory at a time (sort) "
+            "[default: hash in place, sort after a shuffle].",
+        ),
+        click.option(
             "--spark-logs",
             is_flag=True,
             help="Show Spark's own log instead of writing it to a file.",
@@ -216,6 +224,10 @@ def _prepare(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> di
         conf[key.strip()] = value
     if opts["tasks"] is not None and opts["shuffle"] is False:
         raise click.UsageError("--tasks sets the tasks after a shuffle: drop --no-shuffle")
+    if opts["fold"] == "hash" and (opts["shuffle"] or opts["tasks"] is not None):
+        raise click.UsageError(
+            "--fold hash folds Kafka partitions in place: drop --shuffle/--tasks"
+        )
     return {
         "paths": paths,
         # A Service's own connection (its settings read ENHYDRA_* and the flag), else the
@@ -307,6 +319,7 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
             tasks=opts["tasks"],
             shuffle=opts["shuffle"],
             emit_events=opts["emit_events"],
+            fold=opts["fold"],
         )
     except known as exc:
         raise click.ClickException(str(exc)) from exc

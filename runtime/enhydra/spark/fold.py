@@ -1,10 +1,17 @@
 """The fold: per key, in (partition, offset) order, run the service's own `apply`.
 
-The pure core (`EventFold`, `fold_batches`) needs only pyarrow: it takes Arrow batches sorted by
-(key, partition, offset) and carries the current key's state across batch boundaries, so memory
-per task is one key's state plus one batch, whatever the number of events. `fold_events` wires
-it into Spark: repartition by key, sortWithinPartitions, mapInArrow (a per-group applyInPandas,
-one pandas frame per key, was measured 15x slower for the same work).
+The pure core (`EventFold`, `fold_batches`) needs only pyarrow. It folds Arrow batches in one
+of two orders, with one per-event step:
+- sorted by (key, partition, offset): it carries the current key's state across batch
+  boundaries, so memory per task is one key's state plus one batch, whatever the number of
+  events. `fold_events` gets that order with repartition by key (when the input is not
+  partitioned by key) and sortWithinPartitions;
+- hashed, in log order: a task that holds whole Kafka partitions gets each one's records in
+  offset order from the reader, so the fold keeps every key's running fold in a dict and
+  writes the rows when the task ends. No sort: the JVM's sort and its copies are gone, for a
+  dict of every key of the task's partitions (the default in place; docs/backfill.md).
+Then mapInArrow (a per-group applyInPandas, one pandas frame per key, was measured 15x slower
+for the same work).
 
 What the fold builds is the runtime's own Entry envelope (processing/core.py), from the headers
 the engine puts on every event:
@@ -35,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from enhydra.aggregate import Aggregate, loads
 from enhydra.contracts.codec import Entry, encode_entry, encode_json
@@ -91,13 +99,23 @@ def load_aggregate(target: str | Aggregate | Any) -> Aggregate:
 
 
 class EventFold:
-    """The streaming fold of one task: feed sorted rows, get one entry per finished key.
+    """The fold of one task: feed rows, get one entry per finished key.
+
+    Two orders of input, one per-event step (dedup rule, upcast, `apply`, bookkeeping):
+    - grouped (default): rows grouped by key, each key's in offset order, as a sort gives
+      them. A key is finished when the next begins, so memory is one key's state.
+    - `hashed`: keys in any interleaving, as a reader gives whole partitions in log order
+      (`fold_rows` hands them over in chunks grouped by key, to look keys up less often).
+      Every key's bookkeeping stays in a dict until `finish` (memory: every key of the task's
+      partitions, the entries a service's store holds for them), and no sort is needed.
+    Either way a key's rows must come in increasing offset order; a row at or below the key's
+    previous offset is refused (FoldError), never folded out of order.
 
     `feed` is the hot loop of every backfill (one iteration per event, the user's `apply`
     inside): the current key's bookkeeping lives in local variables while a batch is folded
-    and goes back to the object between batches, error texts are only built on error, and
-    command ids stay bytes until the key's entry is written (only the last `dedup_window` of
-    them are ever decoded).
+    and goes back to the object (or the dict) on a key change and between batches, error texts
+    are only built on error, and command ids stay bytes until the key's entry is written (only
+    the last `dedup_window` of them are ever decoded).
     """
 
     def __init__(
@@ -110,6 +128,7 @@ class EventFold:
         keep_events: bool = False,
         read: Reader | None = None,
         state_version: int = 1,
+        hashed: bool = False,
     ) -> None:
         self.apply = apply
         self.state_version = state_version  # what the written entries record
@@ -119,6 +138,8 @@ class EventFold:
         self.initial_state = initial_state
         self.dedup_window = dedup_window
         self.decode = decode
+        # hashed: key -> (partition, state, offset, index, previous, ids, applied, row offset)
+        self.held: dict[bytes, tuple[Any, ...]] | None = {} if hashed else None
         self.key: bytes | None = None
         self.order: int | None = None
         self.events_seen = 0
@@ -133,36 +154,52 @@ class EventFold:
         self.previous: int | None = None  # command offset of the previous row of this key
         self.ids: deque[bytes] = deque(maxlen=self.dedup_window)
         self.applied = 0
+        self.at = -1  # Kafka offset of this key's previous row
 
     def _row(self) -> tuple[Any, ...]:
-        key = self.key
+        return self._entry_row(
+            self.key, self.partition, self.state, self.offset, self.ids, self.applied
+        )
+
+    def _entry_row(
+        self,
+        key: bytes | None,
+        partition: int,
+        state: Any,
+        offset: int,
+        ids_: Iterable[bytes],
+        applied: int,
+    ) -> tuple[Any, ...]:
+        """The output row of one key: its Entry envelope, and the same decoded."""
         assert key is not None
         try:
             key_text: str | None = key.decode("utf-8")
         except UnicodeDecodeError:
             key_text = None
         try:
-            ids = [i.decode("utf-8") for i in self.ids]
+            ids = [i.decode("utf-8") for i in ids_]
         except UnicodeDecodeError as exc:
             raise FoldError(f"key {key!r}: a {COMMAND_ID_HEADER} is not UTF-8: {exc}") from None
-        value = encode_entry(Entry(self.state, self.offset, ids, self.state_version))
-        state = encode_json(self.state).decode("utf-8")
-        return (key, self.partition, value, key_text, state, self.offset, self.applied)
+        value = encode_entry(Entry(state, offset, ids, self.state_version))
+        text = encode_json(state).decode("utf-8")
+        return (key, partition, value, key_text, text, offset, applied)
 
     def feed(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Fold rows (key, partition, offset, value, command_id, command_offset, index,
-        version, fold_order), grouped by key in (fold_order, key) order, each key's in offset
-        order."""
+        version, fold_order): grouped by key in (fold_order, key) order, or, `hashed`, in any
+        interleaving; each key's in offset order."""
         out: list[tuple[Any, ...]] = []
         apply = self.apply
         decode = self.decode
         read = self.read
         window = self.dedup_window
+        held = self.held
         keep = self.kept.append if self.keep_events else None
         # the current key's bookkeeping, as locals (written back below and on a key change)
         current, part, current_order = self.key, self.partition, self.order
         state, last, last_index, previous = self.state, self.offset, self.index, self.previous
-        ids, applied = self.ids, self.applied
+        ids, applied, at = self.ids, self.applied, self.at
+        initial = self.initial_state
         seen = 0
         try:
             for row in rows:
@@ -173,29 +210,40 @@ class EventFold:
                 if key != current:
                     if key is None:
                         raise FoldError(f"event at partition {partition} offset {offset}: no key")
-                    if current is not None:
-                        if (
-                            (key < current)
-                            if order is None
-                            else (order, key) < (current_order, current)
-                        ):
-                            raise FoldError("events must be grouped by key, in offset order")
-                        self.state, self.offset, self.index = state, last, last_index
-                        self.applied = applied
-                        out.append(self._row())
-                    self._start(key, partition)
-                    current, part, current_order = key, partition, order
-                    self.order = order
-                    state, last, last_index, previous = self.initial_state, -1, -1, None
-                    ids, applied = self.ids, 0
+                    if held is not None:  # park the current key, take up this one
+                        if current is not None:
+                            book = (part, state, last, last_index, previous, ids, applied, at)
+                            held[current] = book
+                        book = held.get(key)
+                        if book is None:
+                            book = (partition, initial, -1, -1, None, deque(maxlen=window), 0, -1)
+                        part, state, last, last_index, previous, ids, applied, at = book
+                        current = key
+                        if partition != part:
+                            raise _split_key(key, part, partition)
+                    else:
+                        if current is not None:
+                            if (
+                                (key < current)
+                                if order is None
+                                else (order, key) < (current_order, current)
+                            ):
+                                raise FoldError("events must be grouped by key, in offset order")
+                            self.state, self.offset, self.index = state, last, last_index
+                            self.applied = applied
+                            out.append(self._row())
+                        self._start(key, partition)
+                        current, part, current_order = key, partition, order
+                        self.order = order
+                        state, last, last_index, previous = initial, -1, -1, None
+                        ids, applied, at = self.ids, 0, -1
                 elif key is None:
                     raise FoldError(f"event at partition {partition} offset {offset}: no key")
                 elif partition != part:
-                    raise FoldError(
-                        f"key {key!r} has events in partitions {part} and {partition}: the "
-                        "events topic was repartitioned or written with another partitioner, "
-                        "so there is no single order to fold them in"
-                    )
+                    raise _split_key(key, part, partition)
+                if offset <= at:
+                    raise _backwards(key, partition, offset, at, "the same key", held is not None)
+                at = offset
                 event_index = None
                 if command_offset is not None:
                     try:
@@ -252,17 +300,61 @@ class EventFold:
                     ids.append(command_id)
         finally:
             self.events_seen += seen
+            self.key, self.partition = current, part
             self.state, self.offset, self.index, self.previous = state, last, last_index, previous
-            self.applied = applied
+            self.ids, self.applied, self.at = ids, applied, at
         return out
 
     def finish(self) -> list[tuple[Any, ...]]:
-        """The entry of the last key (its events may have spanned many batches)."""
+        """The entries not yet given: the last key's (its events may have spanned many
+        batches), or, hashed, every key's, sorted by key (one row per key: a cheap sort)."""
         if self.key is None:
             return []
-        row = self._row()
+        held = self.held
+        if held is None:
+            row = self._row()
+            self.key = None
+            return [row]
+        held[self.key] = (
+            self.partition,
+            self.state,
+            self.offset,
+            self.index,
+            self.previous,
+            self.ids,
+            self.applied,
+            self.at,
+        )
         self.key = None
-        return [row]
+        rows = [
+            self._entry_row(key, book[0], book[1], book[2], book[5], book[6])
+            for key, book in held.items()
+        ]
+        held.clear()
+        rows.sort(key=_first)
+        return rows
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
+
+
+def _backwards(
+    key: bytes, partition: int, offset: int, at: int, of: str, hashed: bool
+) -> FoldError:
+    """Never fold out of order: a row at or below the previous offset is refused."""
+    why = f"it comes after offset {at} of {of}: the events are not in offset order"
+    if hashed:
+        why += " (a reader that does not keep a partition's order? rerun with --fold sort)"
+    return _error(key, partition, offset, why)
+
+
+def _split_key(key: bytes, part: int, partition: int) -> FoldError:
+    return FoldError(
+        f"key {key!r} has events in partitions {part} and {partition}: the "
+        "events topic was repartitioned or written with another partitioner, "
+        "so there is no single order to fold them in"
+    )
 
 
 def _error(key: bytes, partition: int, offset: int, what: str) -> FoldError:
@@ -281,6 +373,78 @@ def _not_a_number(
     return _error(key, partition, offset, f"header {name} = {raw!r} is not a number")
 
 
+_CHUNK_ROWS = 50_000
+
+
+def fold_rows(batches: Iterable[pa.RecordBatch], hashed: bool) -> Iterator[Iterator[tuple]]:
+    """The fold's rows (FOLD_COLUMNS), an iterator per input batch, or, hashed, per chunk.
+
+    Hashed, each chunk of about _CHUNK_ROWS rows is checked to be in its partitions' offset
+    order, then grouped by key with Arrow's stable sort (each key's rows keep their order):
+    a key's run of rows then costs one dict look-up, not one per row. Memory: one chunk.
+    """
+    if not hashed:
+        for batch in batches:
+            if batch.num_rows:
+                yield _python_rows(fold_input(batch))
+        return
+    seen: dict[int, int] = {}  # partition -> offset of its last row so far
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        rows = fold_input(batch)
+        _check_log_order(rows, seen)
+        pending.append(rows)
+        count += rows.num_rows
+        if count >= _CHUNK_ROWS:
+            yield _by_key(pending)
+            pending, count = [], 0
+    if pending:
+        yield _by_key(pending)
+
+
+def _python_rows(data: pa.RecordBatch | pa.Table) -> Iterator[tuple]:
+    return zip(*(column.to_pylist() for column in data.columns), strict=True)
+
+
+def _by_key(batches: list[pa.RecordBatch]) -> Iterator[tuple]:
+    """Rows grouped by key, in order of first appearance: a stable sort of each row's key
+    number in the chunk's dictionary of keys (7x cheaper than sorting the keys' bytes)."""
+    table = pa.Table.from_batches(batches)
+    numbers = pc.dictionary_encode(table.column("key").combine_chunks()).indices
+    return _python_rows(table.take(pc.sort_indices(numbers)))
+
+
+def _check_log_order(rows: pa.RecordBatch, seen: dict[int, int]) -> None:
+    """Each partition's offsets rise, within the batch and after the batches before it."""
+    partitions, offsets = rows.column("partition"), rows.column("offset")
+    for partition in pc.unique(partitions).to_pylist():
+        mine = pc.equal(partitions, partition)
+        ours = offsets if pc.all(mine).as_py() else pc.filter(offsets, mine)
+        before = pa.concat_arrays(
+            [pa.array([seen.get(partition, -1)], pa.int64()), ours.slice(0, len(ours) - 1)]
+        )
+        backwards = pc.less_equal(ours, before)
+        if pc.any(backwards).as_py():
+            at = pc.index(backwards, True).as_py()
+            keys = (
+                rows.column("key")
+                if len(ours) == rows.num_rows
+                else pc.filter(rows.column("key"), mine)
+            )
+            raise _backwards(
+                keys[at].as_py(),
+                partition,
+                ours[at].as_py(),
+                before[at].as_py(),
+                f"partition {partition}",
+                True,
+            )
+        seen[partition] = ours[len(ours) - 1].as_py()
+
+
 def _output_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True)) if rows else [[] for _ in OUTPUT_SCHEMA]
     return pa.RecordBatch.from_arrays(
@@ -294,22 +458,14 @@ def fold_batches(
     aggregate: Aggregate,
     *,
     dedup_window: int = 100,
+    hashed: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """Fold Kafka-shaped Arrow batches (see contracts/fold_input.py), sorted by (key,
-    partition, offset), into one row per key."""
-    fold = EventFold(
-        aggregate.apply,
-        initial_state=aggregate.initial_state,
-        dedup_window=dedup_window,
-        read=reader(aggregate),
-        state_version=aggregate.state_version,
-    )
+    """Fold Kafka-shaped Arrow batches (see contracts/fold_input.py) into one row per key:
+    sorted by (key, partition, offset), or, `hashed`, each partition's in offset order."""
+    fold = _event_fold(aggregate, dedup_window, hashed=hashed)
     pending: list[tuple[Any, ...]] = []
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        columns = [column.to_pylist() for column in fold_input(batch).columns]
-        pending.extend(fold.feed(zip(*columns, strict=True)))
+    for rows in fold_rows(batches, hashed):
+        pending.extend(fold.feed(rows))
         if len(pending) >= _OUT_ROWS:
             yield _output_batch(pending)
             pending = []
@@ -331,8 +487,26 @@ EVENTS_DDL = (
 )
 
 
+def _event_fold(
+    aggregate: Aggregate, dedup_window: int, *, hashed: bool, keep_events: bool = False
+) -> EventFold:
+    return EventFold(
+        aggregate.apply,
+        initial_state=aggregate.initial_state,
+        dedup_window=dedup_window,
+        keep_events=keep_events,
+        read=reader(aggregate),
+        state_version=aggregate.state_version,
+        hashed=hashed,
+    )
+
+
 def applied_events(
-    batches: Iterable[pa.RecordBatch], aggregate: Aggregate, *, dedup_window: int = 100
+    batches: Iterable[pa.RecordBatch],
+    aggregate: Aggregate,
+    *,
+    dedup_window: int = 100,
+    hashed: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """The events the fold applied, in fold order: each once, duplicates from redeliveries gone.
 
@@ -340,19 +514,9 @@ def applied_events(
     e.g. the events topic of a clone, whose state then agrees with its events. Each keeps the
     value and version it was written with: its readers upcast it as they would the original.
     """
-    fold = EventFold(
-        aggregate.apply,
-        initial_state=aggregate.initial_state,
-        dedup_window=dedup_window,
-        keep_events=True,
-        read=reader(aggregate),
-        state_version=aggregate.state_version,
-    )
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        columns = [column.to_pylist() for column in fold_input(batch).columns]
-        fold.feed(zip(*columns, strict=True))
+    fold = _event_fold(aggregate, dedup_window, hashed=hashed, keep_events=True)
+    for rows in fold_rows(batches, hashed):
+        fold.feed(rows)
         if fold.kept:
             yield _events_batch(fold.kept)
             fold.kept = []
@@ -388,10 +552,13 @@ class Folder:
     imports (never the module that builds the Service, which would pull in the runtime).
     `counter` (a Spark accumulator) receives the number of events each task folded."""
 
-    def __init__(self, aggregate: Aggregate, dedup_window: int, counter: Any = None) -> None:
+    def __init__(
+        self, aggregate: Aggregate, dedup_window: int, counter: Any = None, hashed: bool = False
+    ) -> None:
         self.aggregate = aggregate
         self.dedup_window = dedup_window
         self.counter = counter
+        self.hashed = hashed
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _task_id()
@@ -402,7 +569,9 @@ class Folder:
                 seen[0] += batch.num_rows
                 yield batch
 
-        for batch in fold_batches(counted(), self.aggregate, dedup_window=self.dedup_window):
+        batches_ = counted()
+        window, hashed = self.dedup_window, self.hashed
+        for batch in fold_batches(batches_, self.aggregate, dedup_window=window, hashed=hashed):
             yield pa.RecordBatch.from_arrays(
                 [*batch.columns, pa.array([task] * batch.num_rows, pa.int32())],
                 schema=SPARK_OUTPUT_SCHEMA,
@@ -415,7 +584,9 @@ class EventKeeper(Folder):
     """The mapInArrow function that yields the applied events instead of the entries."""
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from applied_events(batches, self.aggregate, dedup_window=self.dedup_window)
+        yield from applied_events(
+            batches, self.aggregate, dedup_window=self.dedup_window, hashed=self.hashed
+        )
 
 
 def _task_id() -> int:
@@ -435,26 +606,50 @@ SPARK_OUTPUT_DDL = OUTPUT_DDL + ", task int"
 # --------------------------------------------------------------------------- spark
 
 
-def prepare_events(events: Any) -> Any:
+FOLDS = ("hash", "sort")
+
+
+def prepare_events(events: Any, *, fold_order: bool = True) -> Any:
     """Project the events to what the fold reads; executors take the headers apart
-    (`fold_input`, the one definition every fold path shares)."""
+    (`fold_input`, the one definition every fold path shares). `fold_order` (a hash of the key)
+    is what the sort orders by first; the hash fold needs none."""
     from pyspark.sql import functions as F
 
-    return events.select(
-        "key", "partition", "offset", "value", "headers", F.xxhash64("key").alias("fold_order")
-    )
+    columns = ["key", "partition", "offset", "value", "headers"]
+    if fold_order:
+        columns.append(F.xxhash64("key").alias("fold_order"))
+    return events.select(*columns)
 
 
-def _sorted_by_key(events: Any, shuffle: bool, tasks: int | None) -> Any:
-    """Each task's rows grouped by key, each key's in offset order, every key in one task.
+def _hashed(shuffle: bool, fold: str | None) -> bool:
+    """Whether the fold runs without a sort: by default in place, never after a shuffle.
 
-    Without a shuffle the caller promises that already holds: the events of one Kafka
-    partition (hence of every key in it, the topic being keyed) are in one Spark partition,
-    as `read_events(..., split_records=None)` reads them. Sorting inside each partition then
-    replaces the exchange of every event between tasks. The sort is by a hash of the key
-    first: Spark sorts on an 8-byte prefix, and keys (`account-000123`) often share theirs.
+    The hash fold needs each Kafka partition's rows in offset order in one task, which the
+    readers give (Spark's Kafka source and read_range both read a partition's range from its
+    start, in order) and a shuffle does not (rows from several map tasks interleave).
     """
-    prepared = prepare_events(events)
+    if fold is not None and fold not in FOLDS:
+        raise FoldError(f"fold {fold!r}: expected one of {', '.join(FOLDS)}")
+    if fold == "hash" and shuffle:
+        raise FoldError("the hash fold needs whole Kafka partitions in place: no shuffle")
+    return fold == "hash" or (fold is None and not shuffle)
+
+
+def _fold_input(events: Any, shuffle: bool, tasks: int | None, hashed: bool) -> Any:
+    """Rows as the fold reads them: in log order (hashed), else grouped by key in offset order.
+
+    Hashed, each task's rows are a reader's, untouched: whole Kafka partitions, each in
+    offset order (EventFold refuses a key whose offsets go backwards). Sorted, each task's
+    rows are grouped by key, each key's in offset order, every key in one task. Without a
+    shuffle the caller promises that the events of one Kafka partition (hence of every key in
+    it, the topic being keyed) are in one Spark partition, as `read_events(...,
+    split_records=None)` reads them; sorting inside each partition then replaces the exchange
+    of every event between tasks. The sort is by a hash of the key first: Spark sorts on an
+    8-byte prefix, and keys (`account-000123`) often share theirs.
+    """
+    prepared = prepare_events(events, fold_order=not hashed)
+    if hashed:
+        return prepared
     if shuffle:
         prepared = prepared.repartition(tasks, "key") if tasks else prepared.repartition("key")
     return prepared.sortWithinPartitions("fold_order", "key", "offset")
@@ -471,10 +666,15 @@ def corrected_events(
     dedup_window: int = 100,
     tasks: int | None = None,
     shuffle: bool = True,
+    fold: str | None = None,
 ) -> Any:
-    """The events the fold applies (key, value, partition, headers), duplicates removed."""
-    keeper = EventKeeper(_aggregate(target), dedup_window)
-    return _sorted_by_key(events, shuffle, tasks).mapInArrow(keeper, EVENTS_DDL)
+    """The events the fold applies (key, value, partition, headers), duplicates removed.
+
+    Each key's events keep their order; hashed (`fold`, see `fold_events`), keys interleave
+    as in the log, sorted, they come grouped by key."""
+    hashed = _hashed(shuffle, fold)
+    keeper = EventKeeper(_aggregate(target), dedup_window, hashed=hashed)
+    return _fold_input(events, shuffle, tasks, hashed).mapInArrow(keeper, EVENTS_DDL)
 
 
 def fold_events(
@@ -485,13 +685,18 @@ def fold_events(
     tasks: int | None = None,
     shuffle: bool = True,
     counter: Any = None,
+    fold: str | None = None,
 ) -> Any:
     """A DataFrame with one row per key: the Entry envelope the runtime would hold, decoded too.
 
     `events` has the read_events schema; the target is resolved here, on the driver. No event
-    reaches the driver: each task folds its sorted keys with bounded memory. `shuffle=False`
-    folds every Spark partition in place; pass it only when each Kafka partition's events are
-    in one Spark partition (see `_sorted_by_key`).
+    reaches the driver. `shuffle=False` folds every Spark partition in place; pass it only
+    when each Kafka partition's events are in one Spark partition, in offset order (see
+    `_fold_input`). `fold` is how a task folds: "hash" (the default in place) walks its rows
+    in log order and holds every key's state in a dict until the task ends, no sort; "sort"
+    (always after a shuffle) sorts the task's rows by key and holds one key's state at a time.
+    Each task's rows come sorted by key (hashed) or by a hash of the key (sorted).
     """
-    folder = Folder(_aggregate(target), dedup_window, counter)
-    return _sorted_by_key(events, shuffle, tasks).mapInArrow(folder, SPARK_OUTPUT_DDL)
+    hashed = _hashed(shuffle, fold)
+    folder = Folder(_aggregate(target), dedup_window, counter, hashed=hashed)
+    return _fold_input(events, shuffle, tasks, hashed).mapInArrow(folder, SPARK_OUTPUT_DDL)

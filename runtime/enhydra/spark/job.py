@@ -6,7 +6,8 @@ Written for a real cluster: events never reach the driver; the driver resolves o
 the job's code (ship.py), collects one small row per store partition (file metadata) and per
 events partition (the cut), and writes the manifest. The events topic is keyed by the
 aggregate key, so each Kafka partition holds every event of its keys: read one Spark partition
-per Kafka partition and the fold runs in place, with no shuffle (`plan_layout`).
+per Kafka partition and the fold runs in place, with no shuffle (`plan_layout`), and, as each
+task then gets its partitions' events in offset order, with no sort either (the hash fold).
 
 The command line is `enhydra backfill` (enhydra/cli/backfill.py); every generated service's
 `jobs/backfill.py` runs the same command with its target fixed, under python or spark-submit.
@@ -36,7 +37,7 @@ from enhydra.snapshots.format import (
     PartitionFile,
     SnapshotWriter,
 )
-from enhydra.spark.fold import FoldError, fold_events, load_aggregate
+from enhydra.spark.fold import FOLDS, FoldError, fold_events, load_aggregate
 from enhydra.spark.partition_files import FILE_DDL, SnapshotPartitions
 from enhydra.spark.session import is_local
 from enhydra.spark.ship import ship
@@ -110,35 +111,55 @@ def resolve_target(spec: str) -> Target:
 
 @dataclass(frozen=True)
 class Layout:
-    """How events reach the fold: in place (one task per Kafka partition) or shuffled by key."""
+    """How events reach the fold: in place (one task per Kafka partition) or shuffled by key,
+    and how a task folds them: "hash" (log order, a dict of keys) or "sort" (grouped by key)."""
 
     in_place: bool
     split_records: int | None  # read pieces of about this many records (None: whole partitions)
     tasks: int | None  # fold tasks after a shuffle (None: spark.sql.shuffle.partitions)
     reason: str
+    fold: str = "sort"
 
 
 def plan_layout(
-    ranges: list[OffsetRange], cores: int, *, shuffle: bool | None = None, tasks: int | None = None
+    ranges: list[OffsetRange],
+    cores: int,
+    *,
+    shuffle: bool | None = None,
+    tasks: int | None = None,
+    fold: str | None = None,
 ) -> Layout:
     """Fold in place unless asked not to, or unless there are fewer partitions than cores.
 
-    In place, Spark reads each Kafka partition into one task and sorts it there: no event
+    In place, Spark reads each Kafka partition into one task, which gets its records in offset
+    order and folds them as they come (`fold` "hash", the default) or sorts them by key first
+    ("sort": one key in memory at a time, for tasks whose keys do not fit in memory): no event
     crosses the network or touches shuffle files. With fewer non-empty partitions than cores
-    that leaves cores idle, so the read is split and the events are shuffled by key instead.
+    that leaves cores idle, so the read is split and the events are shuffled by key and sorted
+    instead, unless `fold` is "hash", which folds in place (a shuffle mixes the offset order).
     """
+    if fold is not None and fold not in FOLDS:
+        raise BackfillError(f"--fold {fold!r}: expected one of {', '.join(FOLDS)}")
     total = sum(r.count for r in ranges)
     filled = sum(1 for r in ranges if r.count > 0)
+    in_place = fold or "hash"
     if tasks is not None or shuffle is True:
+        if fold == "hash":
+            raise BackfillError(
+                "--fold hash folds Kafka partitions in place: drop --shuffle/--tasks"
+            )
         why = f"--tasks {tasks}" if tasks is not None else "--shuffle"
-    elif shuffle is False:
-        return Layout(True, None, None, "--no-shuffle")
+    elif shuffle is False or fold == "hash":
+        return Layout(
+            True, None, None, "--no-shuffle" if shuffle is False else "--fold hash", in_place
+        )
     elif filled >= cores or total == 0:
-        return Layout(True, None, None, f"{filled} partitions with events >= {cores} cores")
+        why = f"{filled} partitions with events >= {cores} cores"
+        return Layout(True, None, None, why, in_place)
     else:
         why = f"{filled} partitions with events < {cores} cores"
     pieces = max(2 * cores, filled, 1)
-    return Layout(False, max(10_000, -(-total // pieces)), tasks, why)
+    return Layout(False, max(10_000, -(-total // pieces)), tasks, why, "sort")
 
 
 def local_cores(master: str) -> int | None:
@@ -241,6 +262,7 @@ class BackfillPlan:
     method: str
     tasks: int | None
     shuffle: bool | None
+    fold: str | None = None
     started: float = field(default_factory=time.monotonic)
 
 
@@ -258,6 +280,7 @@ def plan_backfill(
     tasks: int | None = None,
     shuffle: bool | None = None,
     emit_events: str | None = None,
+    fold: str | None = None,
 ) -> BackfillPlan:
     """Check the request and fix the offsets to read, without Spark: a mistake (target, app,
     Kafka address or credentials, bounds, an existing snapshot) ends here, before a JVM starts.
@@ -269,6 +292,10 @@ def plan_backfill(
         raise BackfillError("nothing to write: give --output, --snapshot and/or --emit-events")
     if method not in METHODS:
         raise BackfillError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    if fold is not None and fold not in FOLDS:
+        raise BackfillError(f"--fold {fold!r}: expected one of {', '.join(FOLDS)}")
+    if fold == "hash" and (shuffle or tasks is not None):
+        raise BackfillError("--fold hash folds Kafka partitions in place: drop --shuffle/--tasks")
     info = resolve_target(target)
     app_id = app_id or info.app_id
     if not app_id:
@@ -319,6 +346,7 @@ def plan_backfill(
         method=method,
         tasks=tasks,
         shuffle=shuffle,
+        fold=fold,
         started=started,
     )
 
@@ -328,7 +356,7 @@ def run_backfill(spark: Any, target: str, **options: Any) -> BackfillResult:
 
     Options are `plan_backfill`'s. `emit_events` names a topic that receives the corrected
     history: every event the fold applied, once, in per-key order, with the command headers.
-    `shuffle`/`tasks` override the layout `plan_layout` picks.
+    `shuffle`/`tasks`/`fold` override the layout `plan_layout` picks.
     """
     return execute_backfill(spark, plan_backfill(target, **options))
 
@@ -337,7 +365,9 @@ def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
     """Run a plan on a SparkSession."""
     ranges, bound, writer, output = plan.ranges, plan.bound, plan.writer, plan.output
     total = sum(r.count for r in ranges)
-    layout = plan_layout(ranges, spark_cores(spark), shuffle=plan.shuffle, tasks=plan.tasks)
+    layout = plan_layout(
+        ranges, spark_cores(spark), shuffle=plan.shuffle, tasks=plan.tasks, fold=plan.fold
+    )
     result = BackfillResult(plan.app_id, bound.events_topic, ranges, events=total, layout=layout)
     local = is_local(spark.sparkContext.master)
     ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
@@ -350,6 +380,7 @@ def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
         ranges={r.partition: [r.start, r.end] for r in ranges},
         fold="in place" if layout.in_place else "shuffled by key",
         why=layout.reason,
+        fold_by=layout.fold,
     )
     counter = spark.sparkContext.accumulator(0)
     folded = fold_events(
@@ -359,6 +390,7 @@ def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
         tasks=layout.tasks,
         shuffle=not layout.in_place,
         counter=counter,
+        fold=layout.fold,
     )
     from pyspark import StorageLevel
 
@@ -428,6 +460,7 @@ def _emit(spark: Any, plan: BackfillPlan, layout: Layout) -> int:
         dedup_window=plan.window,
         tasks=layout.tasks,
         shuffle=not layout.in_place,
+        fold=layout.fold,
     )
     return write_events(spark, corrected, plan.emit_events, plan.connection, method=plan.method)
 
