@@ -104,6 +104,8 @@ class Typed:
         """The decoded command as its declared type, or InvalidCommand saying why not."""
         if self._command is None:
             return command
+        if TYPE_FIELD not in command:  # one declared type alone would not require its tag
+            raise InvalidCommand(f"Object missing required field `{TYPE_FIELD}`")
         try:
             return msgspec.convert(command, self._command)
         except msgspec.ValidationError as exc:
