@@ -41,7 +41,8 @@ from typing import Any
 
 from enhydra.aggregate import Aggregate
 
-# Enhydra modules an executor may import; each is importable with pyarrow and orjson alone.
+# Enhydra modules an executor may import; each is importable with pyarrow and orjson alone,
+# but enhydra.messages, which only typed services import (and which needs msgspec).
 EXECUTOR_MODULES = (
     "enhydra",
     "enhydra.aggregate",
@@ -54,6 +55,7 @@ EXECUTOR_MODULES = (
     "enhydra.contracts.names",
     "enhydra.contracts.partitioner",
     "enhydra.evolution",
+    "enhydra.messages",
     "enhydra.snapshots",
     "enhydra.snapshots.format",
     "enhydra.spark",
