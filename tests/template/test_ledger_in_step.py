@@ -3,8 +3,8 @@
 The files every generated service shares (build, deploy, CI, Makefile, the deploy and topology
 tests) must stay exactly what the template renders, so a change to the template reaches the
 reference service in the same commit. The domain (domain.py and its typed twin typed.py, its
-tests, workload.py, the README, demo commands, topology.json) is the ledger's own. jobs/backfill.py is left out while the Spark
-work changes both copies; it is shared too.
+tests, workload.py, the README, demo commands, topology.json) is the ledger's own.
+jobs/backfill.py is left out while the Spark work changes both copies; it is shared too.
 """
 
 from __future__ import annotations
