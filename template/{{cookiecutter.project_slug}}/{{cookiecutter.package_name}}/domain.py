@@ -53,7 +53,7 @@ JSON picks the Struct (its tag). A command that does not fit its type (no key, a
 not a string, an unknown type) never reaches decide: it goes to the dead-letter queue with the
 field named. Fields a command type does not declare are ignored (add
 `forbid_unknown_fields=True` to a command class to refuse them). The schemas of these types
-are what `enhydra topology check` compares with the deployed baseline.
+go into the topology baseline that `enhydra topology check` compares the code with.
 
 Events are kept forever, so their shapes are versioned:
 `{{ created }}` is at version 2 (version 1 had no note), and
