@@ -52,7 +52,7 @@ def driver() -> Driver:
 
 @pytest.fixture
 def created(driver: Driver) -> Driver:
-    """A {{ noun }} k1, created with a name."""
+    """k1: a {{ noun }} created with a name."""
     assert driver.send("k1", cmd("c0", CREATE, name="first")).accepted
     return driver
 
@@ -62,7 +62,7 @@ def test_create_records_the_fields(driver: Driver) -> None:
     assert outcome.events == [{{ Created }}(name="first", note="")]
     assert driver.state("k1") == FIRST
     assert driver.rejections == []
-    # What the events topic and the query API carry: the same JSON as untyped code would write.
+    # What the events topic and the query API carry, as JSON.
     assert msgspec.to_builtins(outcome.events) == [
         {"type": EVENT_TYPES[CREATE], "name": "first", "note": ""}
     ]
