@@ -13,11 +13,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from enhydra.contracts.headers import EVENT_VERSION_HEADER
 from enhydra.testing import Driver
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 
 from {{ cookiecutter.package_name }}.domain import (
     COMMAND_TYPES,
+    EVENT_TYPES,
+    EVENT_VERSIONS,
     KEY_FIELD,
     {{ cookiecutter.aggregate }},
 )
@@ -84,3 +87,9 @@ def test_final_state_matches_the_model(
     for key, event in model.events:
         modelled.setdefault(key, []).append(msgspec.to_builtins(event))
     assert per_key == modelled
+    # Every event carries the version of its type's shape: what readers upcast from.
+    versions = {
+        (json.loads(r.value)["type"], dict(r.headers)[EVENT_VERSION_HEADER]) for r in events
+    }
+    expected = {(e, str(EVENT_VERSIONS.get(e, 1)).encode()) for e in EVENT_TYPES.values()}
+    assert versions == expected
