@@ -1,7 +1,7 @@
 """Jinja filters the service template uses to turn the prompts into code.
 
 Cookiecutter loads this module (cookiecutter.json: `_extensions`) with the template folder on
-sys.path. Both filters are pure, so tests/template checks them directly.
+sys.path. The filters are pure, so tests/template checks them directly.
 """
 
 from __future__ import annotations
@@ -84,10 +84,16 @@ def command_list(text: str) -> list[str]:
     return [name.strip() for name in str(text).split(",") if name.strip()]
 
 
+def class_name(name: str) -> str:
+    """The Python class declaring a command, event or state type: open_account -> OpenAccount."""
+    return "".join(part[:1].upper() + part[1:] for part in str(name).split("_"))
+
+
 class DomainFilters(Extension):
-    """Registers `past_tense` and `command_list` as Jinja filters."""
+    """Registers `past_tense`, `command_list` and `class_name` as Jinja filters."""
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         environment.filters["past_tense"] = past_tense
         environment.filters["command_list"] = command_list
+        environment.filters["class_name"] = class_name

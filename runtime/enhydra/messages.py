@@ -99,16 +99,18 @@ class Typed:
         """The decoded command as its declared type, or InvalidCommand saying why not."""
         if not self._commands:
             return command
-        cls = self._commands.get(command.get(TYPE_FIELD))
-        if cls is None:
+        kind = command.get(TYPE_FIELD)
+        cls = self._commands.get(kind)
+        if cls is None:  # in msgspec's wording, which names the field
+            if TYPE_FIELD not in command:
+                raise InvalidCommand(f"Object missing required field `{TYPE_FIELD}`")
             raise InvalidCommand(
-                f"unknown command type {command.get(TYPE_FIELD)!r}; expected one of "
-                f"{', '.join(self.command_names)}"
+                f"unknown command type: Invalid value {kind!r} - at `$.{TYPE_FIELD}`"
             )
         try:
             return msgspec.convert(command, cls)
         except msgspec.ValidationError as exc:
-            raise InvalidCommand(f"the command does not fit its declared type: {exc}") from None
+            raise InvalidCommand(str(exc)) from None
 
     def event(self, event: Any) -> Any:
         """An event as its declared type: read from history (JSON) or returned by decide."""

@@ -17,6 +17,7 @@ adds a command type without touching the existing decide/apply.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -111,6 +112,25 @@ def _flatten(fn: Callable | None) -> tuple[Callable | None, dict[str, Callable]]
     return fn, {}
 
 
+def _with_typed_state(fn: Callable, aggregate: Aggregate) -> Callable:
+    """A handler's decide or apply seeing the state as the aggregate's declared state type.
+
+    The base functions of a typed aggregate convert a state loaded from the store (JSON); a
+    handler's are called around them, so without this they would see a dict after a restore
+    and a Struct otherwise. wraps keeps the handler's name and source for the topology.
+    """
+    typed = aggregate.typed
+    if typed is None or typed.state_type is None:
+        return fn
+    to_state = typed.state
+
+    @functools.wraps(fn)
+    def typed_state(state: State, value: Any) -> Any:
+        return fn(to_state(state) if type(state) is dict else state, value)
+
+    return typed_state
+
+
 def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     """The aggregate with extra command types; the base decide/apply see everything else.
 
@@ -125,12 +145,12 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     for handler in handlers:
         if handler.command in decides:
             raise PluginError(f"command type {handler.command!r} is handled twice")
-        decides[handler.command] = handler.decide
+        decides[handler.command] = _with_typed_state(handler.decide, aggregate)
         parses[handler.command] = handler.parse or _as_is
         for event_type, fn in handler.apply.items():
             if event_type in applies:
                 raise PluginError(f"event type {event_type!r} is applied by two handlers")
-            applies[event_type] = fn
+            applies[event_type] = _with_typed_state(fn, aggregate)
         versions.update(handler.event_versions)
         upcasters.update(handler.upcasters)
     if not handlers:

@@ -41,6 +41,19 @@ NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 RESERVED_NAMES = {"service", "decide", "apply", "parse", "fields", "annotations"}
 # Fields every command has already: the key must be another one.
 ENVELOPE_FIELDS = {"command_id", "type"}
+# Fields the generated command types declare besides the key.
+COMMAND_FIELDS = {"name", "note"}
+# The classes domain.py declares, as the template names them (enhydra_filters.class_name):
+# commands, events, the state and the key's type; and the names it imports.
+CLASSES: dict[str, str] = {
+{%- for c in cookiecutter.command_types | command_list %}
+    {{ ("command type " ~ c) | tojson }}: {{ c | class_name | tojson }},
+    {{ ("event type " ~ (c | past_tense)) | tojson }}: {{ c | past_tense | class_name | tojson }},
+{%- endfor %}
+    "the state": {{ cookiecutter.key_field | class_name | tojson }},
+    "the key's type": {{ (cookiecutter.key_field | class_name ~ "Id") | tojson }},
+}
+IMPORTED = {"Aggregate", "Annotated", "Any", "Command", "Event", "Rejection"}
 
 
 def check_slug(value: str) -> str | None:
@@ -120,6 +133,13 @@ def check_aggregate(value: str) -> str | None:
 def check_key_field(value: str) -> str | None:
     if value in ENVELOPE_FIELDS:
         return "is a field every command has already; name the key, e.g. key_field=account"
+    if value in COMMAND_FIELDS:
+        return (
+            f"is a field of the generated commands ({', '.join(sorted(COMMAND_FIELDS))}); "
+            f"name the key otherwise, e.g. key_field={value}_id"
+        )
+    if NAME.match(value) and keyword.iskeyword(value):
+        return f"is a Python keyword (it becomes a field of the command classes); try {value}_id"
     return _name_problem(value, "key_field=account")
 
 
@@ -133,6 +153,18 @@ def check_command_types(value: str) -> str | None:
             return f"has {name!r}, which {problem}"
     if len(set(names)) != len(names):
         return "names a command type twice"
+    return check_class_names()
+
+
+def check_class_names() -> str | None:
+    """Two declarations of domain.py must not get the same class name, nor an imported one."""
+    seen: dict[str, str] = {}
+    for what, cls in CLASSES.items():
+        if cls in IMPORTED:
+            return f"makes {what} a class named {cls}, a name domain.py imports; rename it"
+        if cls in seen:
+            return f"makes {seen[cls]} and {what} both a class named {cls}; rename one"
+        seen[cls] = what
     return None
 
 

@@ -126,11 +126,16 @@ def test_the_domain_follows_the_default_answers(project: Path) -> None:
     events = {"register": "registered", "receive": "received", "ship": "shipped"}
     for command, event in events.items():
         assert f'    "{command}": "{event}",' in domain
-    assert '    if kind == "receive":' in domain and '    if kind == "ship":' in domain
+    assert 'class Receive(msgspec.Struct, tag="receive"):\n    item: ItemId' in domain
+    assert 'class Shipped(msgspec.Struct, tag="shipped"):' in domain
+    assert "        case Receive(note=note):" in domain and "class Item(msgspec.Struct):" in domain
+    assert 'EVENT_VERSIONS = {"registered": 2}' in domain
+    assert 'upcasters={("registered", 1): registered_v1_to_v2},' in domain
     assert 'items = Aggregate(\n    name="items",' in domain
     readme = (project / "README.md").read_text()
     assert "| `ship` | `shipped` | needs the item to exist |" in readme
     assert "enhydra send stock-keeper-commands --key-field item demo/commands.jsonl" in readme
+    assert "## Changing an event's shape\n" in readme and "`EVENT_VERSIONS`" in readme
     demo = [json.loads(line) for line in (project / "demo/commands.jsonl").read_text().splitlines()]
     assert [c["type"] for c in demo[:3]] == ["register", "receive", "ship"]
     assert {c["item"] for c in demo} == {"item-1", "item-2", "item-3"}
@@ -191,7 +196,7 @@ def test_one_command_type_from_an_index(tmp_path: Path) -> None:
         tmp_path / "out",
         "project_name=Notes",
         "aggregate=notes",
-        "key_field=note",
+        "key_field=page",
         "command_types=write",
         "enhydra_source=index",
         "enhydra_requirement=enhydra>=0.1,<0.3",
@@ -219,6 +224,10 @@ def test_one_command_type_from_an_index(tmp_path: Path) -> None:
         ("aggregate=Accounts", "aggregate"),
         ("aggregate=service", "aggregate"),
         ("key_field=command_id", "key_field"),
+        ("key_field=note", "key_field"),
+        ("key_field=class", "key_field"),
+        ("command_types=register, item", "command_types"),
+        ("command_types=open, aggregate", "command_types"),
         ("command_types=open, Close", "command_types"),
         ("command_types=open, open", "command_types"),
         ("command_types= , ", "command_types"),
@@ -292,6 +301,14 @@ def test_new_refuses_an_existing_folder(project: Path) -> None:
 )
 def test_event_types_are_past_tense(command: str, event: str) -> None:
     assert load_filters().past_tense(command) == event
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("open", "Open"), ("opened_account", "OpenedAccount"), ("item2_x", "Item2X")],
+)
+def test_class_names_are_camel_case(name: str, cls: str) -> None:
+    assert load_filters().class_name(name) == cls
 
 
 def test_command_types_are_read_from_a_comma_list() -> None:

@@ -7,6 +7,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
@@ -29,6 +30,8 @@ from enhydra.projections.model import (
 from enhydra.testing import Driver
 from enhydra.topology import topology_of
 from ledger.domain import accounts
+from ledger.typed import Account
+from ledger.typed import accounts as typed_accounts
 from ledger.workload import generate
 
 
@@ -159,6 +162,30 @@ def test_extend_adds_a_command_type_and_keeps_the_rest() -> None:
 def test_a_command_type_handled_twice_is_an_error() -> None:
     with pytest.raises(PluginError, match="command type 'refund' is handled twice"):
         extend(extend(accounts, REFUND), REFUND)
+
+
+def typed_refund_apply(state: Any, event: dict) -> Any:
+    return msgspec.structs.replace(
+        state, balance=state.balance + event["amount"], version=state.version + 1
+    )
+
+
+def test_handlers_of_a_typed_aggregate_see_its_state_type_after_a_restore() -> None:
+    """A restored state is JSON from the store: the handler still gets the declared class."""
+    typed_refund = Handler("refund", refund_decide, {"refunded": typed_refund_apply})
+    extended = extend(typed_accounts, typed_refund)
+    driver = Driver(extended)
+    driver.send("a", {"command_id": "1", "type": "open", "account": "a"})
+    stored = msgspec.to_builtins(driver.state("a"))
+    driver.entries["a"].state = stored  # as a restart reads it back from the store
+    outcome = driver.send("a", {"command_id": "2", "type": "refund", "account": "a", "amount": 7})
+    assert outcome.events == [{"type": "refunded", "amount": 7}]
+    assert driver.state("a") == Account(balance=7, status="open", version=2)
+    after = extended.apply(stored, {"type": "refunded", "amount": 1})  # e.g. the Spark fold
+    assert after == Account(balance=1, status="open", version=2)
+    service = Service("bank", extended)
+    handlers = topology_of(service.resolved(plugins=[]))["handlers"][0]
+    assert handlers["apply"]["refunded"] == f"{__name__}:typed_refund_apply"
 
 
 def test_topology_lists_the_parts_of_an_extended_aggregate() -> None:

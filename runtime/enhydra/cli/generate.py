@@ -10,6 +10,7 @@ appended once to `PKG/domain.py` or `PKG/service.py`. Existing files are never o
 from __future__ import annotations
 
 import ast
+import importlib.util
 import keyword
 import os
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 import click
 from jinja2 import Environment, StrictUndefined
 
-from enhydra.scaffold import scaffold_root
+from enhydra.scaffold import scaffold_root, service_template
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 
@@ -73,10 +74,21 @@ def check_name(name: str) -> str:
     return name
 
 
+def _class_name(name: str) -> str:
+    """The template's own filter (template/enhydra_filters.py), so both name classes alike."""
+    path = service_template() / "enhydra_filters.py"
+    spec = importlib.util.spec_from_file_location("enhydra_filters", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.class_name(name)
+
+
 def render(kind: str, project: Project, name: str) -> list[Path]:
     """Render generators/<kind>/ into the project; refuse to overwrite anything."""
     source = scaffold_root() / "generators" / kind
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True)
+    env.filters["class_name"] = _class_name
     context = {"package": project.package, "name": name}
     planned: list[tuple[Path, str]] = []
     for template in sorted(p for p in source.rglob("*") if p.is_file()):
@@ -93,8 +105,9 @@ def render(kind: str, project: Project, name: str) -> list[Path]:
     return [target for target, _ in planned]
 
 
-def _assigned_call(path: Path, callee: str) -> str:
-    """The name bound at module level to `callee(...)` in a file (e.g. items = Aggregate(...))."""
+def _assigned_call(path: Path, callee: str) -> tuple[str, ast.Call]:
+    """The name bound at module level to `callee(...)` in a file (e.g. items = Aggregate(...)),
+    and the call."""
     tree = ast.parse(path.read_text(), str(path))
     for node in tree.body:
         if (
@@ -106,7 +119,7 @@ def _assigned_call(path: Path, callee: str) -> str:
             func = node.value.func
             called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
             if called == callee:
-                return node.targets[0].id
+                return node.targets[0].id, node.value
     raise GenerateError(f"{path}: no `NAME = {callee}(...)` at module level to wire into")
 
 
@@ -147,7 +160,11 @@ def wire_once(path: Path, marker: str, block: str) -> bool:
 
 
 def generate_handler(project: Project, name: str) -> list[Path]:
-    files = render("handler", project, name)
+    domain = project.package_dir / "domain.py"
+    aggregate, call = _assigned_call(domain, "Aggregate")
+    # An aggregate that declares its types (messages.py) gets a handler that declares its own.
+    typed = any(k.arg in ("command_types", "event_types", "state_type") for k in call.keywords)
+    files = render("handler_typed" if typed else "handler", project, name)
     files.append(
         write_registry(
             project,
@@ -157,8 +174,6 @@ def generate_handler(project: Project, name: str) -> list[Path]:
             "Command handlers added by `enhydra generate handler` (one module each).",
         )
     )
-    domain = project.package_dir / "domain.py"
-    aggregate = _assigned_call(domain, "Aggregate")
     marker = f"from {project.package}.handlers import HANDLERS"
     block = (
         "# Command types added by `enhydra generate handler`: one module each in "
@@ -184,7 +199,7 @@ def generate_projection(project: Project, name: str) -> list[Path]:
         )
     )
     service_py = project.package_dir / "service.py"
-    service = _assigned_call(service_py, "Service")
+    service, _ = _assigned_call(service_py, "Service")
     marker = f"from {project.package}.projections import PROJECTIONS"
     block = (
         "# Read models added by `enhydra generate projection`: one module each in "

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from enhydra.snapshots import open_snapshot
 from enhydra.testing import Driver
@@ -36,10 +37,11 @@ def commands() -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     for n in range(12):
         key = f"{KEY_FIELD}-{n}"
-        out.append((key, {"command_id": f"{key}-c", "type": create, KEY_FIELD: key, "n": n}))
+        created = {"command_id": f"{key}-c", "type": create, KEY_FIELD: key, "name": f"n{n}"}
+        out.append((key, created))
         for round_ in range(4):
             for kind in others:
-                command = {"type": kind, KEY_FIELD: key, "round": round_}
+                command = {"type": kind, KEY_FIELD: key, "note": f"round {round_}"}
                 out.append((key, {"command_id": f"{key}-{kind}-{round_}", **command}))
         out.append((key, {"command_id": f"{key}-c", "type": create, KEY_FIELD: key}))
     return out
@@ -90,7 +92,7 @@ def test_backfill_rebuilds_the_service_state(
         for key, entry in snapshot.entries(partition):
             rebuilt[key.decode()] = entry.state
             assert entry.command_ids == model.entries[key.decode()].command_ids
-    assert rebuilt == {key: model.state(key) for key in model.stored_keys()}
+    assert rebuilt == {key: msgspec.to_builtins(model.state(key)) for key in model.stored_keys()}
     for key, state in rebuilt.items():
         assert instance.get(f"/v1/stores/{{ cookiecutter.aggregate }}/keys/{key}") == (200, state)
     assert snapshot.cut.topic == f"{app_id}-commands"

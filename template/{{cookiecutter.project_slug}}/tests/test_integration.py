@@ -11,12 +11,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from enhydra.contracts.headers import EVENT_VERSION_HEADER
 from enhydra.testing import Driver
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 
 from {{ cookiecutter.package_name }}.domain import (
     COMMAND_TYPES,
+    EVENT_TYPES,
+    EVENT_VERSIONS,
     KEY_FIELD,
     {{ cookiecutter.aggregate }},
 )
@@ -40,7 +44,7 @@ def commands() -> list[tuple[str, dict[str, Any]]]:
         send(key, f"{key}-create", CREATE, name=f"name-{n}")
         for round_ in range(3):
             for kind in OTHERS:
-                send(key, f"{key}-{kind}-{round_}", kind, round=round_, n=n)
+                send(key, f"{key}-{kind}-{round_}", kind, note=f"{kind} {round_} of {n}")
         send(key, f"{key}-create-again", CREATE)  # rejected: it exists
         send(key, f"{key}-create", CREATE)  # rejected: duplicate command id
     send("missing", "missing-0", (OTHERS or [CREATE])[0])  # rejected unless it creates
@@ -64,7 +68,7 @@ def test_final_state_matches_the_model(
     model.send_many(sent)
     for key in KEYS:
         status, body = instance.get(f"/v1/stores/{{ cookiecutter.aggregate }}/keys/{key}")
-        assert (status, body) == (200, model.state(key)), key
+        assert (status, body) == (200, msgspec.to_builtins(model.state(key))), key
     status, _ = instance.get("/v1/stores/{{ cookiecutter.aggregate }}/keys/missing")
     assert status == (404 if OTHERS else 200)
 
@@ -81,5 +85,11 @@ def test_final_state_matches_the_model(
         per_key.setdefault(record.key.decode(), []).append(json.loads(record.value))
     modelled: dict[str, list[Any]] = {}
     for key, event in model.events:
-        modelled.setdefault(key, []).append(event)
+        modelled.setdefault(key, []).append(msgspec.to_builtins(event))
     assert per_key == modelled
+    # Every event carries the version of its type's shape: what readers upcast from.
+    versions = {
+        (json.loads(r.value)["type"], dict(r.headers)[EVENT_VERSION_HEADER]) for r in events
+    }
+    expected = {(e, str(EVENT_VERSIONS.get(e, 1)).encode()) for e in EVENT_TYPES.values()}
+    assert versions == expected

@@ -1,0 +1,43 @@
+"""`enhydra generate handler` writes the handler that fits the service's aggregate: one declaring
+its command as a msgspec Struct for a typed aggregate (the template's), one of plain dicts for an
+untyped one (examples/ledger's domain.py); either way its tests and the service's pass."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.template.support import REPO, enhydra, enhydra_new, outcomes, run_pytest
+
+pytestmark = pytest.mark.template
+
+
+def generate_and_test(project: Path, package: str, report: Path) -> str:
+    """Generate handler `restock`, run its tests and the domain's; the handler's source."""
+    result = enhydra(project, "generate", "handler", "restock")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wrote tests/test_handler_restock.py" in result.stdout
+    tests = run_pytest(project, report, "tests/test_handler_restock.py", "tests/test_domain.py")
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    results = outcomes(report)
+    assert set(results.values()) == {"passed"}, results
+    assert any("test_handler_restock" in name for name in results), results
+    return (project / package / "handlers" / "restock.py").read_text()
+
+
+def test_a_typed_service_gets_a_handler_declaring_its_command(tmp_path: Path) -> None:
+    made = enhydra_new(tmp_path / "out", "project_name=Returns")
+    assert made.returncode == 0, made.stdout + made.stderr
+    source = generate_and_test(tmp_path / "out" / "returns", "returns", tmp_path / "report.xml")
+    assert "class Restock(msgspec.Struct, tag=COMMAND):" in source
+    assert "handler = Handler(COMMAND, decide, {EVENT: apply}, parse=parse)" in source
+
+
+def test_an_untyped_service_gets_a_handler_of_dicts(tmp_path: Path) -> None:
+    project = tmp_path / "ledger"
+    caches = shutil.ignore_patterns("__pycache__", ".pytest_cache", ".ruff_cache", ".venv", "state")
+    shutil.copytree(REPO / "examples" / "ledger", project, ignore=caches)
+    source = generate_and_test(project, "ledger", tmp_path / "report.xml")
+    assert "msgspec" not in source and 'note = command.get("note", "")' in source
