@@ -12,8 +12,9 @@ from aiokafka.client import CoordinationType
 from aiokafka.errors import UnknownMemberIdError
 from aiokafka.protocol.api import Request
 
-from enhydra.kafka.clients import open_consumer
+from enhydra.kafka.clients import open_admin, open_consumer
 from enhydra.kafka.errors import KafkaAccessError
+from enhydra.kafka.groups import group_members, leave_group, request_rejoin
 from enhydra.kafka.membership import (
     FencedInstanceIdError,
     LeaveGroupMembersRequest,
@@ -174,3 +175,33 @@ def test_bad_arguments_are_refused_plainly(kafka_bootstrap):
     assert asyncio.run(remove_static_members(kafka_bootstrap, "g", [])) == {}
     with pytest.raises(KafkaAccessError, match=r"127\.0\.0\.1:1"):
         asyncio.run(remove_static_members("127.0.0.1:1", "g", ["v1"], timeout_s=1))
+
+
+def test_a_leaving_member_does_not_rejoin_before_it_closes(kafka_bootstrap, group):
+    """The leave is final: a static member removed while its coordinator still ran was told so
+    at its next heartbeat and rejoined, so a stopped instance stayed in the group (and a reset
+    right after refused to run) until its session timed out."""
+
+    async def scenario() -> tuple[list[str], list[str], bool]:
+        async with open_admin(kafka_bootstrap) as admin:
+            async with open_consumer(
+                kafka_bootstrap,
+                group_id=group,
+                group_instance_id="leaver",
+                client_id="leaver",
+                session_timeout_ms=SESSION_MS,
+                heartbeat_interval_ms=200,
+            ) as consumer:
+                consumer.subscribe([f"{group}-in"])
+                while not consumer.assignment():
+                    await consumer.getmany(timeout_ms=200)
+                joined = await group_members(admin, group)
+                request_rejoin(consumer)  # a rebalance under way as the instance stops
+                left = await leave_group(consumer, group, "leaver")
+                await asyncio.sleep(2)  # ten heartbeats: time to rejoin, were it still able
+                after = await group_members(admin, group)
+            return joined, after, left
+
+    joined, after, left = asyncio.run(scenario())
+    assert joined == ["leaver"]
+    assert left and after == []

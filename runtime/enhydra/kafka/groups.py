@@ -69,13 +69,39 @@ def member_id(consumer: Consumer | None) -> str | None:
     return member if member and member != UNKNOWN_MEMBER_ID else None
 
 
+async def stop_coordination(consumer: Consumer) -> str | None:
+    """Stop joining and heartbeating, and return the member id the group last gave us.
+
+    Until then a member removed from its group is told so at its next heartbeat and rejoins
+    by itself (KIP-345: a static member's JoinGroup re-adds it), so a LeaveGroup sent while
+    the coordinator still runs can be undone a few hundred milliseconds later. aiokafka's
+    coordinator sends no LeaveGroup for a static member and forgets the member id as its last
+    step; the id is read just before that.
+    """
+    coordinator = consumer._coordinator
+    if coordinator is None:
+        return None
+    last: list[str | None] = [member_id(consumer)]
+    forget = coordinator._maybe_leave_group
+
+    async def remember_then_forget() -> None:
+        last.append(member_id(consumer))
+        await forget()
+
+    coordinator._maybe_leave_group = remember_then_forget
+    await coordinator.close()
+    return last[-1]
+
+
 async def leave_group(consumer: Consumer, group_id: str, instance_id: str) -> bool:
     """Leave now as the static member `instance_id` (aiokafka's stop() does not, by design).
 
-    True when the group let this member go (or no longer had it).
+    The consumer stops taking part in the group first, so nothing rejoins after the leave; it
+    can still be closed as usual. True when the group let this member go (or no longer had it).
     """
+    member = await stop_coordination(consumer)
     result = await remove_static_members(
-        consumer._client, group_id, {instance_id: member_id(consumer)}, reason="scale-down"
+        consumer._client, group_id, {instance_id: member}, reason="scale-down"
     )
     error = result.get(instance_id)
     return error is None or isinstance(error, UnknownMemberIdError)

@@ -327,8 +327,10 @@ class TaskRunner:
         """Leave the group now, so the others take the tasks over without waiting."""
         assert self._consumer is not None
         try:
-            await leave_group(self._consumer, self.group_id, self.settings.instance_id)
-            self.log.info("left the group", group=self.group_id)
+            if await leave_group(self._consumer, self.group_id, self.settings.instance_id):
+                self.log.info("left the group", group=self.group_id)
+            else:  # a newer process holds this instance id: it is its member now, not ours
+                self.log.warning("not removed from the group: a newer member holds its id")
         except Exception as exc:  # the session timeout removes this member anyway
             self.log.warning("could not leave the group", group=self.group_id, error=repr(exc))
 
