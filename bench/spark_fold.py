@@ -64,6 +64,7 @@ from bench.common import (  # noqa: E402
     progress,
     table,
 )
+from bench.throughput.profile import py_spy  # noqa: E402
 from enhydra.spark.source import ARROW_SCHEMA  # noqa: E402
 from ledger.domain import accounts, apply  # noqa: E402
 
@@ -281,7 +282,8 @@ class WorkerProfile:
         return self
 
     def _attach(self) -> None:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        spy = py_spy()
+        assert spy is not None, "checked at start"
         while not self.stop.wait(0.05):
             daemon = next(
                 (p for p in _descendants(os.getpid()) if "pyspark.daemon" in _cmdline(p)), None
@@ -470,6 +472,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3: every ratio is a median of 3 or more runs")
+    if args.profile and py_spy() is None:
+        raise SystemExit("--profile needs py-spy: pip install -e '.[bench]' (or make bench)")
     os.environ.setdefault("ENHYDRA_LOG_FORMAT", "console")
     tmp = Path(tempfile.mkdtemp(prefix="enhydra-bench-"))
     directory = args.dir or tmp / "events"
