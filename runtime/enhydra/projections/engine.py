@@ -141,10 +141,12 @@ class ProjectionEngine(TaskRunner):
         """
         raw_key = key.encode("utf-8")
         partition = partition_for(raw_key, self.settings.partitions)
+        if self.rebalancing or not self.joined:  # it may be about to get the partition
+            return "unavailable", partition, None
         task = self.tasks.get(partition)
         if task is None:
             return "not_hosted", partition, None
-        if not task.serving or self.rebalancing:
+        if not task.serving:
             return "unavailable", partition, None
         raw = task.store.get(raw_key)
         if raw is None:
