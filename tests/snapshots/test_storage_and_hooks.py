@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from enhydra.contracts.codec import decode_entry
-from enhydra.snapshots.format import open_snapshot
+from enhydra.snapshots.format import PartitionTaken, open_snapshot
 from enhydra.snapshots.storage import open_snapshot_at, open_storage
 from enhydra.testing.processes import free_port
 from ledger.workload import generate, model
@@ -165,3 +165,22 @@ def test_admin_api_triggers_a_snapshot(service_factory, kafka_bootstrap, app_id,
         time.sleep(0.3)
     snap = open_snapshot(storage / body["id"])
     assert snap.manifest.rows == 40 * 95 // 100
+
+
+@pytest.mark.parametrize("kind", ["s3", "file"])
+def test_a_partition_file_placed_first_is_never_replaced(kind, s3_url, tmp_path):
+    """Two owners of a partition that moved during a live snapshot may both export it; the
+    manifest describes the first copy, so a second must not overwrite it."""
+    url = s3_url.replace("/ledger?", f"/first-{kind}?") if kind == "s3" else str(tmp_path / "s")
+    storage = open_storage(url)
+    first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    first.write_bytes(b"the copy the manifest describes")
+    second.write_bytes(b"a later copy of the same partition")
+    storage.put_file("snap-1/accounts/partition-0000.parquet", first)
+    with pytest.raises(PartitionTaken, match="written by another instance first"):
+        storage.put_file("snap-1/accounts/partition-0000.parquet", second)
+    storage.put_manifest("snap-1", b"{}")
+    fetched = storage.fetch("snap-1", tmp_path / "fetched")
+    placed = fetched / "accounts" / "partition-0000.parquet"
+    assert placed.read_bytes() == b"the copy the manifest describes"
+    assert sorted(p.name for p in placed.parent.iterdir()) == ["partition-0000.parquet"]

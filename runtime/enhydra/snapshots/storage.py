@@ -3,6 +3,8 @@
 A snapshot is a prefix holding manifest.json and the partition files. Partition files may be
 written by several instances at once; the manifest is written last, in one atomic step (a
 rename on a filesystem, a single PUT on S3), so a reader never sees a partial snapshot.
+A partition file is never replaced: when a partition moves during a live snapshot, its old and
+new owner may both export it, and the manifest describes the copy that was placed first.
 
     file:///var/backups/snapshots    or simply /var/backups/snapshots
     s3://bucket/prefix?endpoint_url=http://127.0.0.1:9000&region=us-east-1
@@ -13,17 +15,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, urlparse
 
-from enhydra.snapshots.format import MANIFEST, SnapshotError
+from enhydra.snapshots.format import MANIFEST, PartitionTaken, SnapshotError
+
+SINGLE_PUT_LIMIT = 5 * 1024**3  # S3's largest single PUT; a conditional write must be one
 
 
 class Storage(Protocol):
     url: str
 
-    def put_file(self, rel: str, local: Path) -> None: ...
+    def put_file(self, rel: str, local: Path) -> None:
+        """Place a partition file, unless one is there already (PartitionTaken)."""
 
     def put_manifest(self, snapshot_id: str, data: bytes) -> None: ...
 
@@ -55,9 +61,17 @@ class FileStorage:
 
     def put_file(self, rel: str, local: Path) -> None:
         target = self.root / _check_rel(rel)
-        if local.resolve() != target:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local, target)
+        if local.resolve() == target:
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        shutil.copyfile(local, tmp)
+        try:
+            os.link(tmp, target)  # fails if the target exists: the first writer wins
+        except FileExistsError:
+            raise PartitionTaken(f"{rel} was written by another instance first") from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_manifest(self, snapshot_id: str, data: bytes) -> None:
         directory = self.local_dir(snapshot_id)
@@ -103,7 +117,38 @@ class S3Storage:
         return None
 
     def put_file(self, rel: str, local: Path) -> None:
-        self._s3.upload_file(str(local), self.bucket, self._key(rel))
+        """A conditional PUT (If-None-Match: *, honoured by AWS S3 since 2024 and by MinIO)."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(rel)
+        if local.stat().st_size > SINGLE_PUT_LIMIT:  # multipart: checked first, not atomic
+            if self._exists(key):
+                raise PartitionTaken(f"{rel} was written by another instance first")
+            self._s3.upload_file(str(local), self.bucket, key)
+            return
+        for attempt in range(5):
+            try:
+                with local.open("rb") as body:
+                    self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+                return
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                if code == "PreconditionFailed":
+                    raise PartitionTaken(f"{rel} was written by another instance first") from None
+                if code != "ConditionalRequestConflict" or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # a concurrent write of the same key: retry
+
+    def _exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
 
     def put_manifest(self, snapshot_id: str, data: bytes) -> None:
         self._s3.put_object(
