@@ -297,10 +297,10 @@ class LiveSnapshots:
                 cut=manifest.cut.to_json(),
                 seconds=seconds,
             )
+            await asyncio.to_thread(self._apply_retention, store)
             await self.owner.run_snapshot_hooks(
                 "after", {**info, "rows": manifest.rows, "cut": manifest.cut.to_json()}
             )
-            self._apply_retention(store)
             return snapshot_id
         except Exception as exc:
             log.error("snapshot failed", snapshot=snapshot_id, error=repr(exc))
@@ -329,14 +329,20 @@ class LiveSnapshots:
         )
 
     def _apply_retention(self, store: Any) -> None:
+        """Delete this app's oldest snapshots beyond the newest N, before the "after" hook, so
+        the hook sees the storage as it stays. The new snapshot is complete whatever happens
+        here: a failed deletion is logged and retried with the next snapshot."""
         keep = self.owner.settings.snapshot_retention
         if keep <= 0:
             return
         prefix = f"{self.owner.settings.app_id}-"
-        ours = [i for i in store.list_snapshots() if i.startswith(prefix)]
-        for old in ours[:-keep]:
-            store.delete(old)
-            log.info("snapshot deleted by retention", snapshot=old, keep=keep)
+        try:
+            ours = [i for i in store.list_snapshots() if i.startswith(prefix)]
+            for old in ours[:-keep]:
+                store.delete(old)
+                log.info("snapshot deleted by retention", snapshot=old, keep=keep)
+        except Exception as exc:
+            log.warning("retention could not delete old snapshots", keep=keep, error=repr(exc))
 
     async def periodic(self) -> None:
         """Every snapshot_interval_s, the coordinator takes a snapshot."""
