@@ -122,7 +122,9 @@ def _session(
         jars = _kafka_jars()
         if jars:
             conf.set("spark.jars", ",".join(str(j) for j in jars))
-    if SparkContext._active_spark_context is None and jvm_log is not None:
+    # pyspark keeps its first gateway JVM for every later context and ignores one passed in,
+    # so a new one is launched only when there is none (each extra one stayed alive, idle).
+    if SparkContext._gateway is None and jvm_log is not None:
         from pyspark.java_gateway import launch_gateway
 
         jvm_log.parent.mkdir(parents=True, exist_ok=True)
