@@ -257,6 +257,9 @@ def version_headers(aggregate: Aggregate) -> Callable[[Event], tuple[str, bytes]
     get = versions.get
 
     def header_of(event: Event) -> tuple[str, bytes]:
+        if type(event) is dict:  # most events: no call to event_type
+            name = event.get(TYPE_FIELD)
+            return get(name, VERSION_1) if isinstance(name, str) else VERSION_1
         name = event_type(event)
         return VERSION_1 if name is None else get(name, VERSION_1)
 

@@ -12,6 +12,7 @@ from enhydra.contracts.headers import (
     COMMAND_OFFSET_HEADER,
     EVENT_INDEX_HEADER,
     EVENT_VERSION_HEADER,
+    command_event_headers,
     event_headers,
     event_source,
     header,
@@ -47,6 +48,23 @@ def test_event_headers_read_back(command_id: str, offset: int, index: int, versi
     assert header(headers, COMMAND_ID_HEADER) == command_id.encode()
     assert event_source(headers) == (offset, index)
     assert header(headers, EVENT_VERSION_HEADER) == str(version).encode()
+
+
+@given(
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**40),
+    st.lists(st.integers(1, 5), min_size=1, max_size=20),
+)
+def test_a_commands_event_headers_are_each_events_headers(
+    command_id: str, offset: int, versions: list[int]
+) -> None:
+    """The hot path builds a command's headers at once; they are the same as one by one."""
+    version_headers = [version_header(v) for v in versions]
+    at_once = command_event_headers(command_id.encode(), offset, version_headers)
+    assert at_once == [
+        event_headers(command_id.encode(), offset, index, version)
+        for index, version in enumerate(version_headers)
+    ]
 
 
 def test_events_are_version_1_unless_told() -> None:

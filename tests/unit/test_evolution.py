@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import orjson
 import pytest
 
 from enhydra.aggregate import Aggregate
-from enhydra.contracts.headers import EVENT_VERSION_HEADER, VERSION_1, header
+from enhydra.contracts.headers import EVENT_VERSION_HEADER, VERSION_1, header, version_header
 from enhydra.evolution import (
     EventVersionError,
     read_event,
@@ -136,6 +137,15 @@ def test_published_events_carry_their_types_current_version() -> None:
         assert [header(h, EVENT_VERSION_HEADER) for _, _, h in outputs] == [moved, b"1"]
     header_of = version_headers(robot)
     assert header_of is not None and header_of(["no", "type"]) == VERSION_1
+    assert header_of({"type": ["not", "a", "name"]}) == VERSION_1
+
+
+def test_an_event_type_named_by_a_str_enum_gets_its_version() -> None:
+    class Kind(enum.StrEnum):
+        MOVED = "moved"
+
+    header_of = version_headers(robot)
+    assert header_of is not None and header_of({"type": Kind.MOVED}) == version_header(3)
 
 
 def _positions(state: Any, event: dict[str, Any]) -> Any:

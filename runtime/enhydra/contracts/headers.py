@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 COMMAND_ID_HEADER = "enhydra.command_id"
 COMMAND_OFFSET_HEADER = "enhydra.command_offset"
@@ -38,9 +38,31 @@ def event_headers(
     return [
         (COMMAND_ID_HEADER, command_id),
         (COMMAND_OFFSET_HEADER, b"%d" % command_offset),
-        _INDEX[index] if index < 16 else (EVENT_INDEX_HEADER, b"%d" % index),
+        _index_header(index),
         version,
     ]
+
+
+def command_event_headers(
+    command_id: bytes, command_offset: int, versions: Sequence[tuple[str, bytes]]
+) -> list[list[tuple[str, bytes]]]:
+    """The headers of each event of one command, `versions[i]` the i-th event's version header.
+
+    The same headers as `event_headers` per event; the hot path calls this once per command,
+    so the command's two headers are built once and most commands (one event) take no loop.
+    """
+    id_header = (COMMAND_ID_HEADER, command_id)
+    offset_header = (COMMAND_OFFSET_HEADER, b"%d" % command_offset)
+    if len(versions) == 1:
+        return [[id_header, offset_header, _INDEX[0], versions[0]]]
+    return [
+        [id_header, offset_header, _index_header(index), version]
+        for index, version in enumerate(versions)
+    ]
+
+
+def _index_header(index: int) -> tuple[str, bytes]:
+    return _INDEX[index] if index < 16 else (EVENT_INDEX_HEADER, b"%d" % index)
 
 
 def header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from enhydra.aggregate import BoundAggregate, dumps
 from enhydra.contracts.codec import Entry, decode_entry, encode_entry
-from enhydra.contracts.headers import event_headers
+from enhydra.contracts.headers import VERSION_1, command_event_headers
 from enhydra.errors.dlq import dead_letter_headers
 from enhydra.errors.failure import Failure
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
@@ -41,17 +41,27 @@ def event_outputs(
     append = events.append
     for emitted in result.emitted:
         key = emitted.key.encode("utf-8")
-        command_id = emitted.command_id.encode("utf-8")
-        if version_of is None:
-            for index, payload in enumerate(emitted.payloads):
-                append((key, payload, event_headers(command_id, emitted.offset, index)))
+        payloads = emitted.payloads
+        if version_of is not None:
+            events_of = emitted.events
+            if len(events_of) == 1:
+                versions = (version_of(events_of[0]),)
+            else:
+                versions = [version_of(event) for event in events_of]
+        else:
+            versions = _VERSION_1 if len(payloads) == 1 else _VERSION_1 * len(payloads)
+        headers = command_event_headers(
+            emitted.command_id.encode("utf-8"), emitted.offset, versions
+        )
+        if len(payloads) == 1:
+            append((key, payloads[0], headers[0]))
             continue
-        for index, (payload, event) in enumerate(
-            zip(emitted.payloads, emitted.events, strict=True)
-        ):
-            version = version_of(event)
-            append((key, payload, event_headers(command_id, emitted.offset, index, version)))
+        for payload, event_headers in zip(payloads, headers, strict=True):
+            append((key, payload, event_headers))
     return events
+
+
+_VERSION_1 = (VERSION_1,)
 
 
 class AggregateStep:
