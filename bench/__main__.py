@@ -49,6 +49,7 @@ OTHERS = {
         ["--events", "1000000", "--accounts", "50000", "--rounds", "3"],
         ["--events", "100000", "--accounts", "10000", "--rounds", "3"],
     ),
+    "framework_step.py": (["--rounds", "5"], ["--commands", "40000", "--rounds", "3"]),
     "query_latency.py": (
         ["--rate", "500", "--seconds", "4", "--rounds", "3"],
         ["--rate", "300", "--seconds", "2", "--rounds", "3"],

@@ -1,0 +1,129 @@
+"""Per-record CPU of Enhydra's pure step against the raw loop's step, in one process, no Kafka.
+
+    .venv/bin/python bench/framework_step.py [--commands 120000] [--keys 10000] [--rounds 5]
+
+The end-to-end benchmark (`python -m bench.throughput`) compares whole processes; its raw dict
+ceiling keeps no store and writes no changelog. This one isolates what the framework adds
+around the user's functions: the same ledger commands, cut into the same batches per
+partition, go through
+- **raw step**: the ceiling's own loop body (bench.throughput.workload.step) with dict state;
+- **enhydra step**: `process_batch` (parse, dedup, decide/apply, entries), the events with
+  their contract headers (`event_outputs`), the changelog values (`encode_entry`) and the
+  entry cache's staging, with a dict standing in for RocksDB.
+Neither produces to Kafka nor writes RocksDB, so the difference is the framework's own work.
+Rounds alternate the two; CPU time of this process; medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "ledger"))
+
+from bench.common import load_average, machine, median, table  # noqa: E402
+from bench.throughput.workload import PARTITIONS, command_records  # noqa: E402
+from bench.throughput.workload import step as raw_step  # noqa: E402
+from enhydra.contracts.codec import Entry, decode_entry, encode_entry  # noqa: E402
+from enhydra.contracts.partitioner import partition_for  # noqa: E402
+from enhydra.evolution import version_headers  # noqa: E402
+from enhydra.processing.cache import EntryCache  # noqa: E402
+from enhydra.processing.core import InputRecord, process_batch  # noqa: E402
+from enhydra.processing.step import event_outputs  # noqa: E402
+from ledger.domain import accounts  # noqa: E402
+
+Batch = tuple[int, list[InputRecord]]
+
+
+def batches(keys: int, commands: int, size: int) -> list[Batch]:
+    """The workload's commands per partition, in offset order, cut into batches of `size`."""
+    per_partition: dict[int, list[InputRecord]] = {p: [] for p in range(PARTITIONS)}
+    for key, value, _ in command_records(keys, commands):
+        records = per_partition[partition_for(key, PARTITIONS)]
+        records.append(InputRecord(len(records), key, value))
+    return [
+        (partition, records[at : at + size])
+        for partition, records in per_partition.items()
+        for at in range(0, len(records), size)
+    ]
+
+
+def raw(work: list[Batch]) -> int:
+    state: dict[str, Any] = {}
+    outputs = []
+    for _, records in work:
+        for record in records:
+            key = record.key.decode()
+            new, out, _ = raw_step(state.get(key), key, record.value, record.offset)
+            if new is not None:
+                state[key] = new
+            if out is not None:
+                outputs.append((record.key, out))
+    return sum(len(records) for _, records in work)
+
+
+def enhydra(work: list[Batch]) -> int:
+    version_of = version_headers(accounts)
+    caches = {p: EntryCache(10_000) for p in range(PARTITIONS)}
+    stores: dict[int, dict[bytes, bytes]] = {p: {} for p in range(PARTITIONS)}
+    for partition, records in work:
+        cache, store = caches[partition], stores[partition]
+
+        def load(key: str, cache: EntryCache = cache, store: dict = store) -> Entry | None:
+            entry = cache.get(key)
+            if entry is not None:
+                return entry
+            value = store.get(key.encode())
+            return decode_entry(value) if value is not None else None
+
+        result = process_batch(accounts, records, load, dedup_window=100)
+        event_outputs(result, version_of)
+        puts = [(key.encode(), encode_entry(entry)) for key, entry in result.changed.items()]
+        cache.stage(result.changed)
+        store.update(puts)
+        cache.persisted(result.changed)
+    return sum(len(records) for _, records in work)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commands", type=int, default=120_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=500, help="records per partition batch")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if args.rounds < 3:
+        raise SystemExit("--rounds must be at least 3: the ratio is a median")
+    work = batches(args.keys, args.commands, args.batch)
+    before = load_average()
+    gc.collect()
+    gc.freeze()  # as `enhydra run` does after start-up
+    runs: dict[str, list[float]] = {"raw step": [], "enhydra step": []}
+    steps: dict[str, Callable[[list[Batch]], int]] = {"raw step": raw, "enhydra step": enhydra}
+    for _ in range(args.rounds):
+        for name, fn in steps.items():
+            started = time.process_time()
+            count = fn(work)
+            runs[name].append((time.process_time() - started) / count * 1e6)
+    print(f"pure step per record, {args.commands:,} ledger commands, {args.keys:,} keys, ", end="")
+    print(f"batches of {args.batch}; {machine()}")
+    print(f"medians of {args.rounds} alternating rounds; 1-min load {before} -> {load_average()}")
+    print(
+        table(
+            ["step", "CPU µs/record (median)", "rounds"],
+            [[n, f"{median(v):.2f}", " ".join(f"{x:.2f}" for x in v)] for n, v in runs.items()],
+        )
+    )
+    ratio = median(runs["raw step"]) / median(runs["enhydra step"])
+    print(f"ratio raw step / enhydra step, CPU per record: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
