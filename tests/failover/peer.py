@@ -104,13 +104,19 @@ async def main(args: argparse.Namespace) -> None:
             await consumer.getmany(timeout_ms=200)
         else:
             await asyncio.sleep(0.2)
+    # Each step of the stop is reported, so a stop that hangs says where.
+    emit("stopping", step="goodbye")
     await endpoint.goodbye("restart")
     if beacon is not None:
+        emit("stopping", step="beacon")
         await beacon.stop()
     if control is not None:
+        emit("stopping", step="control channel")
         await control.stop()
     if consumer is not None:
+        emit("stopping", step="consumer")
         await consumer.stop()  # a static member sends no LeaveGroup; a dynamic one does
+    emit("stopping", step="http server")
     await runner.cleanup()
     emit("stopped")
 

@@ -99,9 +99,16 @@ class PeerProcess:
         self.proc.wait(10)
 
     def terminate(self) -> None:
+        """SIGTERM and wait for the clean stop; blocking: from a test's event loop, use a thread."""
         assert self.proc is not None
         self.proc.terminate()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            steps = [e for e in self.events if e["event"] in ("stopping", "stopped")]
+            raise AssertionError(
+                f"{self.instance} did not stop within 30 s of SIGTERM; its stop got to: {steps}"
+            ) from None
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

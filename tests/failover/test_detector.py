@@ -172,7 +172,9 @@ async def test_a_rolling_restart_is_not_removed_and_causes_no_rebalance(cluster:
     seen = len(c.survivor.events)
     before = c.victim.assignment()
     restarted = len(c.victim.events)
-    c.victim.terminate()  # SIGTERM: goodbye on the stream, no LeaveGroup
+    # SIGTERM: goodbye on the stream, no LeaveGroup. Waited for in a thread: the detector runs
+    # on this loop and must see the goodbye and the way back (blocked, it once ran 30 s late).
+    await asyncio.to_thread(c.victim.terminate)
     await asyncio.sleep(2)  # down for a while: refused connects the whole time
     await asyncio.to_thread(c.victim.start)
     back = await asyncio.to_thread(
