@@ -7,9 +7,9 @@ ceiling keeps no store and writes no changelog. This one isolates what the frame
 around the user's functions: the same ledger commands, cut into the same batches per
 partition, go through
 - **raw step**: the ceiling's own loop body (bench.throughput.workload.step) with dict state;
-- **enhydra step**: `process_batch` (parse, dedup, decide/apply, entries), the events with
-  their contract headers (`event_outputs`), the changelog values (`encode_entry`) and the
-  entry cache's staging, with a dict standing in for RocksDB.
+- **enhydra step**: the engine's own step (`AggregateStep`: parse, dedup, decide/apply,
+  entries, the events with their contract headers, rejections, the changelog values, the
+  entry cache), then what persisting does, with a dict standing in for RocksDB.
 Neither produces to Kafka nor writes RocksDB, so the difference is the framework's own work.
 Rounds alternate the two; CPU time of this process; medians.
 """
@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT / "examples" / "ledger"))
 from bench.common import load_average, machine, median, table  # noqa: E402
 from bench.throughput.workload import PARTITIONS, command_records  # noqa: E402
 from bench.throughput.workload import step as raw_step  # noqa: E402
-from enhydra.contracts.codec import Entry, decode_entry, encode_entry  # noqa: E402
 from enhydra.contracts.partitioner import partition_for  # noqa: E402
-from enhydra.evolution import version_headers  # noqa: E402
-from enhydra.processing.cache import EntryCache  # noqa: E402
-from enhydra.processing.core import InputRecord, process_batch  # noqa: E402
-from enhydra.processing.step import event_outputs  # noqa: E402
+from enhydra.errors.policies import ErrorPolicies  # noqa: E402
+from enhydra.processing.core import InputRecord  # noqa: E402
+from enhydra.processing.step import AggregateStep  # noqa: E402
+from enhydra.runner.tasks import Task  # noqa: E402
+from enhydra.settings import Settings  # noqa: E402
 from ledger.domain import accounts  # noqa: E402
 
 Batch = tuple[int, list[InputRecord]]
@@ -69,26 +69,30 @@ def raw(work: list[Batch]) -> int:
     return sum(len(records) for _, records in work)
 
 
+class DictStore:
+    """Stands in for the task's RocksDB partition: what the step reads, what persisting writes."""
+
+    def __init__(self) -> None:
+        self.values: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.values.get(key)
+
+
 def enhydra(work: list[Batch]) -> int:
-    version_of = version_headers(accounts)
-    caches = {p: EntryCache(10_000) for p in range(PARTITIONS)}
-    stores: dict[int, dict[bytes, bytes]] = {p: {} for p in range(PARTITIONS)}
+    """The engine's own step (AggregateStep), then what persisting does to store and cache."""
+    settings = Settings.from_env({}, app_id="bench", dedup_window=100)
+    step = AggregateStep(settings, accounts.bind("bench"), ErrorPolicies(), ())
+    tasks: dict[int, Task] = {}
     for partition, records in work:
-        cache, store = caches[partition], stores[partition]
-
-        def load(key: str, cache: EntryCache = cache, store: dict = store) -> Entry | None:
-            entry = cache.get(key)
-            if entry is not None:
-                return entry
-            value = store.get(key.encode())
-            return decode_entry(value) if value is not None else None
-
-        result = process_batch(accounts, records, load, dedup_window=100)
-        event_outputs(result, version_of)
-        puts = [(key.encode(), encode_entry(entry)) for key, entry in result.changed.items()]
-        cache.stage(result.changed)
-        store.update(puts)
-        cache.persisted(result.changed)
+        task = tasks.get(partition)
+        if task is None:
+            store: Any = DictStore()  # the step only calls store.get
+            task = tasks[partition] = Task(partition, store, cache=step.new_cache())
+        out = step(task, records, {})
+        task.store.values.update(out.puts)  # type: ignore[attr-defined]
+        assert out.persisted is not None
+        out.persisted()
     return sum(len(records) for _, records in work)
 
 

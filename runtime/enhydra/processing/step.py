@@ -49,7 +49,7 @@ def event_outputs(
             else:
                 versions = [version_of(event) for event in events_of]
         else:
-            versions = _VERSION_1 if len(payloads) == 1 else _VERSION_1 * len(payloads)
+            versions = _VERSION_1 * len(payloads)  # one event: the same tuple, no copy
         headers = command_event_headers(
             emitted.command_id.encode("utf-8"), emitted.offset, versions
         )
