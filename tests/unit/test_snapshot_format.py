@@ -407,6 +407,32 @@ def test_resetting_input_offsets_is_what_decoding_would_do(entries_) -> None:
     assert reset == expected
 
 
+def _written_rows(directory: Path, values: dict[bytes, bytes]) -> list[dict]:
+    writer = SnapshotWriter(directory, app_id="a", store="s", fingerprint="f", source="t")
+    writer.write_partition(0, sorted(values.items()))
+    writer.finish(Cut("a-commands", {0: 1}))
+    return pq.read_table(open_snapshot(directory).path(0)).to_pylist()
+
+
+def test_input_offsets_of_every_width_read_as_their_numbers(tmp_path: Path) -> None:
+    # One chunk mixing widths: up to 18 digits are read in a grid, 19 by Arrow's parse.
+    offsets = [-1, 0, 9, 10, *(10**w - 1 for w in range(2, 19)), 10**18, 2**63 - 1]
+    values = {b"k%02d" % i: encode_entry(Entry({"i": i}, o, ["c"])) for i, o in enumerate(offsets)}
+    assert [r["last_offset"] for r in _written_rows(tmp_path / "all", values)] == offsets
+    narrow = {k: v for k, v in values.items() if decode_entry(v).offset < 10**18}
+    rows = _written_rows(tmp_path / "narrow", narrow)
+    assert [r["last_offset"] for r in rows] == offsets[:-2]
+
+
+@pytest.mark.parametrize("offset", [b"007", b"+5", b"-", b"0x1", b"--1"])
+def test_a_leading_number_json_would_refuse_is_refused(tmp_path: Path, offset: bytes) -> None:
+    good = {f"k{i}".encode(): encode_entry(Entry({"i": i}, i, ["c"])) for i in range(5)}
+    bad = {**good, b"k9": b"[" + offset + b',["c"],{"i":9}]'}
+    writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
+    with pytest.raises(SnapshotError, match=r"k9.*not an Entry envelope"):
+        writer.write_partition(0, sorted(bad.items()))
+
+
 def test_values_in_another_json_layout_are_decoded(tmp_path: Path) -> None:
     spaced = {b"a": b'[ 3 , ["x"] , {"n": 1} ]', b"b": b'[4,["y"],[1, 2]]', b"c": b"[5,[],7]"}
     writer = SnapshotWriter(tmp_path / "s", app_id="a", store="s", fingerprint="f", source="t")
