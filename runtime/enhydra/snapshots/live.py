@@ -243,12 +243,11 @@ class LiveSnapshots:
     ) -> PartitionFile:
         storage = open_storage(request.storage)
         local = storage.local_dir(request.id)
+        rows = store.items(bulk=True)
         if local is not None:
-            return write_partition_file(
-                local, name, partition, store.items(bulk=True), exclusive=True
-            )
+            return write_partition_file(local, name, partition, rows, exclusive=True)
         with tempfile.TemporaryDirectory(prefix="enhydra-export-") as tmp:
-            written = write_partition_file(Path(tmp), name, partition, store.items(bulk=True))
+            written = write_partition_file(Path(tmp), name, partition, rows)
             storage.put_file(f"{request.id}/{written.file}", Path(tmp) / written.file)
             return written
 
