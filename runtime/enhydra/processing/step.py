@@ -21,8 +21,7 @@ from enhydra.evolution import version_headers
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
 from enhydra.processing.core import BatchResult, process_batch
-from enhydra.runner.checkpoint import Out
-from enhydra.runner.runner import StepOutput
+from enhydra.runner.batch import Out, StepOutput
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
 

@@ -28,7 +28,8 @@ from enhydra.projections.model import (
     event_source,
     fold_batch,
 )
-from enhydra.runner.runner import StepOutput, TaskRunner
+from enhydra.runner.batch import StepOutput
+from enhydra.runner.runner import TaskRunner
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore

@@ -44,24 +44,11 @@ from aiokafka.structs import OffsetAndMetadata
 
 from enhydra.kafka.clients import Producer, close, new_producer, start
 from enhydra.logs import get_logger
+from enhydra.runner.batch import Out, PartitionWrite
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
 
 log = get_logger("enhydra.checkpoint")
-
-# (key, value, headers) of one output record; its topic and partition are where it is grouped.
-Out = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
-Put = tuple[bytes, bytes | None]  # a changelog record: key, new value (None deletes)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionWrite:
-    """What one partition's batch must make durable."""
-
-    partition: int
-    outputs: Mapping[str, list[Out]]  # topic -> records, published before the changelog
-    puts: list[Put]
-    last_offset: int  # the last input record handled; -1 when none was
 
 
 @dataclass(frozen=True, slots=True)

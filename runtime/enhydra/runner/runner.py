@@ -35,9 +35,9 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -49,17 +49,9 @@ from enhydra.kafka.errors import transient
 from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
+from enhydra.runner.batch import PartitionWrite, Step, StepOutput
 from enhydra.runner.changelog_reader import ChangelogReader
-from enhydra.runner.checkpoint import (
-    AtLeastOnce,
-    Checkpoint,
-    ExactlyOnce,
-    Flight,
-    Out,
-    PartitionWrite,
-    Put,
-    StaleBatch,
-)
+from enhydra.runner.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce, Flight, StaleBatch
 from enhydra.runner.cuts import Cuts
 from enhydra.runner.histogram import Histogram
 from enhydra.runner.rebalance import ForwardingListener
@@ -87,20 +79,6 @@ YIELD_HOPS = 6
 
 
 @dataclass(slots=True)
-class StepOutput:
-    """What the pure step made of one partition's records."""
-
-    outputs: dict[str, list[Out]]  # topic -> records published before the changelog
-    puts: list[Put]  # changelog records: the store's new values
-    last_offset: int  # the last record handled (the next to read is last_offset + 1)
-    counts: dict[str, int] = field(default_factory=dict)  # added to the runner's stats
-    failed: list[str] = field(default_factory=list)  # "stage:ErrorClass" of records that failed
-    # A transient error stopped the step at this record: (offset, error), retried after a backoff.
-    interrupted: tuple[int, BaseException] | None = None
-    persisted: Callable[[], None] | None = None  # called once the batch is durable
-
-
-@dataclass(slots=True)
 class _Landing:
     """A batch whose checkpoint flies: what to account for once it is durable."""
 
@@ -108,27 +86,6 @@ class _Landing:
     work: list[tuple[Task, StepOutput, int]]
     stamps: list[int]  # the input records' timestamps (ms), for the end-to-end latency
     process_s: float  # time spent in the step
-
-
-class Step(Protocol):
-    """The pure part of a batch: one partition's records -> what to make durable.
-
-    A step whose reads see the entries of its own earlier outputs before they are durable
-    (processing/cache.py keeps them staged) says so with `reads_unpersisted = True`, and may
-    offer `slices(task, records, give_up, size)`: a generator that pauses after every `size`
-    records and returns the StepOutput. The runner then lets the event loop run at each pause
-    and computes a batch while the previous one flies. Without them, a batch is one call and
-    is made durable before the next one is computed.
-    """
-
-    counters: tuple[str, ...]  # the stats this step counts, in display order
-
-    def __call__(
-        self, task: Task, records: list[Any], give_up: Mapping[int, int]
-    ) -> StepOutput: ...
-
-    def new_cache(self) -> Any:
-        """A per-task cache of decoded entries, or None."""
 
 
 class TaskRunner:
