@@ -203,7 +203,7 @@ class Runtime:
         """The other instances' advertised URLs, from the group's last assignment."""
         if self.engine is None:
             return {}
-        instances = self.engine.group.instances
+        instances = self.engine.registry.group.instances
         mine = self.settings.instance_id
         return {
             name: info["url"]

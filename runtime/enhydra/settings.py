@@ -237,6 +237,9 @@ class Settings:
     max_worker_replacements: int = _env(_positive_int, 3)
     worker_replacement_window_s: int = _env(_positive_int, 300)
     task_timeout_ms: int = _env(_positive_int, 300_000)
+    # A task with input (or changelog) waiting that makes no progress this long is stuck:
+    # /health/live fails so the orchestrator restarts the process (runner/watchdog.py).
+    task_watchdog_ms: int = _env(_positive_int, 20_000)
     retry_backoff_ms: int = _env(_positive_int, 100)
     dlq_topic: str = _env(_text, "")
     max_output_bytes: int = _env(_positive_int, 1_000_000)

@@ -23,9 +23,9 @@ def engine(tmp_path: Path) -> ProjectionEngine:
 def test_a_key_is_unavailable_not_elsewhere_until_the_group_has_settled(tmp_path: Path) -> None:
     read_model = engine(tmp_path)
     assert read_model.read("acct-1")[0] == "unavailable"  # not joined yet
-    read_model.joined = True
-    read_model.rebalancing = True
+    read_model.registry.joined = True
+    read_model.registry.rebalancing = True
     assert read_model.read("acct-1")[0] == "unavailable"  # partitions being handed out
-    read_model.rebalancing = False
+    read_model.registry.rebalancing = False
     status, partition, _ = read_model.read("acct-1")
     assert status == "not_hosted" and 0 <= partition < 4  # settled, and the partition is not ours

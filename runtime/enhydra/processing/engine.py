@@ -99,16 +99,17 @@ class Engine(TaskRunner):
         interval = self.settings.probing_rebalance_interval_ms / 1000
         acceptable = self.settings.acceptable_recovery_lag
         waiting_since = time.monotonic()
-        seen_rebalances = self.rebalances
+        registry = self.registry
+        seen_rebalances = registry.rebalances
         while not self.stopping:
             await asyncio.sleep(0.5)
-            if self.rebalances != seen_rebalances:
-                seen_rebalances, waiting_since = self.rebalances, time.monotonic()
-            extra = self.assignment
-            if not extra.probing_rebalance_needed or self.rebalancing:
+            if registry.rebalances != seen_rebalances:
+                seen_rebalances, waiting_since = registry.rebalances, time.monotonic()
+            extra = registry.assignment
+            if not extra.probing_rebalance_needed or registry.rebalancing:
                 continue
-            warming = [t for p, t in self.tasks.items() if p in extra.warmup | extra.standby]
-            lags = [self.task_lag(t) for t in warming]
+            warming = [t for p, t in registry.tasks.items() if p in extra.warmup | extra.standby]
+            lags = [registry.task_lag(t) for t in warming]
             caught_up = bool(warming) and all(lag is not None and lag <= acceptable for lag in lags)
             if caught_up or time.monotonic() - waiting_since >= interval:
                 self.log.info(

@@ -29,6 +29,7 @@ from enhydra.projections.model import (
     fold_batch,
 )
 from enhydra.runner.batch import StepOutput
+from enhydra.runner.registry import Verdict
 from enhydra.runner.runner import TaskRunner
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
@@ -142,14 +143,13 @@ class ProjectionEngine(TaskRunner):
         """
         raw_key = key.encode("utf-8")
         partition = partition_for(raw_key, self.settings.partitions)
-        if self.rebalancing or not self.joined:  # it may be about to get the partition
-            return "unavailable", partition, None
-        task = self.tasks.get(partition)
-        if task is None:
-            return "not_hosted", partition, None
-        if not task.serving:
-            return "unavailable", partition, None
-        raw = task.store.get(raw_key)
+        access = self.registry.access(partition)
+        if not access.readable:
+            # Until the group has settled this instance may be about to get the partition.
+            hosted_elsewhere = access.verdict is Verdict.NOT_HOSTED and access.settled
+            return "not_hosted" if hosted_elsewhere else "unavailable", partition, None
+        assert access.store is not None
+        raw = access.store.get(raw_key)
         if raw is None:
             return "missing", partition, None
         return "found", partition, decode(raw).state
@@ -157,7 +157,7 @@ class ProjectionEngine(TaskRunner):
     def describe(self) -> dict[str, object]:
         return {
             "plugin": self.plugin,
-            "ready": self.ready,
-            "partitions": {str(p): t.status.value for p, t in sorted(self.tasks.items())},
+            "ready": self.registry.ready,
+            "partitions": {str(p): t.status.value for p, t in sorted(self.registry.tasks.items())},
             **self.stats,
         }

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from enhydra.contracts.partitioner import partition_for
-from enhydra.runner.tasks import Role
 
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine
@@ -20,16 +19,18 @@ if TYPE_CHECKING:
 def local_report(engine: Engine, instance_id: str, store: str) -> dict[str, Any]:
     """What this instance says about itself: the body of /v1/stats."""
     settings = engine.settings
+    registry = engine.registry
     return {
         "instance": instance_id,
         "url": settings.advertised_url,
         "tags": dict(settings.client_tags),
         "store": store,
         "partitions": settings.partitions,
-        "ready": engine.ready,
-        "joined": engine.joined,
-        "rebalancing": engine.rebalancing,
-        "rebalances": engine.rebalances,
+        "ready": registry.ready,
+        "joined": registry.joined,
+        "rebalancing": registry.rebalancing,
+        "rebalances": registry.rebalances,
+        "stuck": {str(p): s.reason() for p, s in sorted(registry.stuck.items())},
         "failures": dict(engine.failures),
         "input_lag": {str(p): lag for p, lag in sorted(engine.input_lag().items())},
         "tasks": {
@@ -38,10 +39,10 @@ def local_report(engine: Engine, instance_id: str, store: str) -> dict[str, Any]
                 "status": t.status.value,
                 "processed": t.processed,
                 "changelog_offset": t.store.changelog_offset,
-                "lag": engine.task_lag(t),
+                "lag": registry.task_lag(t),
                 "restore": t.restore,
             }
-            for p, t in sorted(engine.tasks.items())
+            for p, t in sorted(registry.tasks.items())
         },
         **engine.stats,
     }
@@ -65,14 +66,15 @@ def topology(engine: Engine) -> dict[str, Any]:
 
 def group_instances(engine: Engine, instance_id: str) -> dict[str, dict[str, Any]]:
     """Every member's URL, tags and partitions from the last assignment (self if none yet)."""
-    instances = {name: dict(info) for name, info in engine.group.instances.items()}
+    registry = engine.registry
+    instances = {name: dict(info) for name, info in registry.group.instances.items()}
     if instance_id not in instances:
         settings = engine.settings
         instances[instance_id] = {
             "url": settings.advertised_url,
             "tags": dict(settings.client_tags),
-            "active": engine.active_partitions(),
-            "standby": sorted(p for p, t in engine.tasks.items() if t.role is not Role.ACTIVE),
+            "active": registry.active_partitions(),
+            "standby": registry.standby_partitions(),
         }
     return instances
 
@@ -102,6 +104,7 @@ def describe_instance(
         },
         "tasks": tasks,
         "failures": report.get("failures", {}) if report else {},
+        "stuck": report.get("stuck", {}) if report else {},
         "processed": report.get("processed") if report else None,
         "rebalances": report.get("rebalances") if report else None,
     }
@@ -113,7 +116,7 @@ def key_metadata(engine: Engine, store: str, key: bytes) -> dict[str, Any]:
     partition = partition_for(key, partitions)
     active = None
     standbys = []
-    for name, info in sorted(engine.group.instances.items()):
+    for name, info in sorted(engine.registry.group.instances.items()):
         entry = {"instance": name, "url": info.get("url", "")}
         if partition in info.get("active", ()):
             active = entry

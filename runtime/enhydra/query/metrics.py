@@ -103,18 +103,19 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
     )
     if engine is None:
         return
-    out.add("enhydra_ready", "gauge", "1 when every active task is restored", int(engine.ready))
+    registry = engine.registry
+    out.add("enhydra_ready", "gauge", "1 when every active task is restored", int(registry.ready))
     out.add(
         "enhydra_rebalancing",
         "gauge",
         "1 while a group rebalance is in progress",
-        int(engine.rebalancing),
+        int(registry.rebalancing),
     )
     out.add(
         "enhydra_rebalances_total",
         "counter",
         "rebalances this stream worker took part in",
-        engine.rebalances,
+        registry.rebalances,
     )
     stats = engine.stats
     for name, text in (
@@ -143,7 +144,22 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
     out.family(
         "enhydra_restore_rate_records_per_second", "gauge", "restore speed of an active task"
     )
-    for partition, task in sorted(engine.tasks.items()):
+    stuck = registry.stuck
+    out.add(
+        "enhydra_tasks_stuck",
+        "gauge",
+        "tasks with work waiting and no progress for task_watchdog_ms (liveness fails)",
+        len(stuck),
+        store=store,
+    )
+    out.add(
+        "enhydra_task_watchdog_trips_total",
+        "counter",
+        "times a task became stuck",
+        registry.watchdog.trips,
+        store=store,
+    )
+    for partition, task in sorted(registry.tasks.items()):
         labels = {"store": store, "partition": partition}
         out.add(
             "enhydra_task",
@@ -156,7 +172,7 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
         )
         if task.role is Role.ACTIVE:
             out.add("enhydra_task_processed_total", "counter", "", task.processed, **labels)
-        lag = engine.task_lag(task)
+        lag = registry.task_lag(task)
         if lag is not None:
             out.add(
                 "enhydra_changelog_lag_records", "gauge", "", lag, **labels, role=task.role.value

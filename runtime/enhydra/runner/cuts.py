@@ -24,6 +24,10 @@ class Cuts:
     def pending(self) -> bool:
         return bool(self._stops)
 
+    def holds(self, partition: int) -> bool:
+        """A cut is pending or held on `partition`: its input stops on purpose."""
+        return partition in self._stops
+
     def stop_at(self, partition: int, offset: int) -> asyncio.Future[int]:
         """Process `partition` up to `offset` (exclusive), then hold it.
 

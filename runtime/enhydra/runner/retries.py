@@ -42,3 +42,7 @@ class RetryTracker:
         if self._state:
             for key in [k for k in self._state if k[0] == partition and k[1] <= offset]:
                 del self._state[key]
+
+    def retrying(self, partition: int) -> bool:
+        """A record of `partition` waits out a transient error's backoff."""
+        return any(p == partition for p, _ in self._state)

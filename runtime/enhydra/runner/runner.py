@@ -34,16 +34,15 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from enhydra.assignment import AssignmentConfig
-from enhydra.assignment.protocol import GroupMap, MemberAssignment, MemberReport, TaskAssignor
+from enhydra.assignment.protocol import MemberAssignment, TaskAssignor
 from enhydra.kafka.clients import Consumer, close, new_consumer, start
 from enhydra.kafka.errors import transient
 from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
@@ -55,14 +54,19 @@ from enhydra.runner.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce, Flig
 from enhydra.runner.cuts import Cuts
 from enhydra.runner.histogram import Histogram
 from enhydra.runner.rebalance import ForwardingListener
+from enhydra.runner.registry import TaskRegistry
 from enhydra.runner.retries import RetryTracker
 from enhydra.runner.tasks import Role, Task, TaskStatus
 from enhydra.settings import Settings
-from enhydra.stores.partition import PartitionStore
 from enhydra.stores.partition import configure_memory as configure_store_memory
 
 log = get_logger("enhydra.engine")
 STALL_TICK_S = 0.1
+WATCHDOG_TICK_S = 1.0
+# An offset commit waits at most this long (a failed commit only costs skipped redeliveries).
+COMMIT_TIMEOUT_S = 5.0
+# stop() ends this much before shutdown_timeout_s: the process still has to exit.
+STOP_MARGIN_S = 3.0
 
 
 class FencedInstance(RuntimeError):
@@ -89,7 +93,11 @@ class _Landing:
 
 
 class TaskRunner:
-    """Runs one store's tasks for this instance; instances share the work through the group."""
+    """Runs one store's tasks for this instance; instances share the work through the group.
+
+    The loop lives here (poll, run the step, land the flights, commit); which tasks this
+    instance holds, and whether a partition may be read, live in `registry` (registry.py).
+    """
 
     label = "engine"  # what the lifecycle log lines call this runner
 
@@ -119,21 +127,21 @@ class TaskRunner:
         self.client_id = client_id or settings.instance_id
         self.assignment_config = assignment
         self.log = log.bind(**(log_fields or {}))
+        self.registry = TaskRegistry(
+            settings,
+            settings.store_dir / name,
+            new_cache=step.new_cache,
+            changelog_lag=self._lag,
+            watchdog_s=settings.task_watchdog_ms / 1000,
+        )
         self.failures: dict[str, int] = {}  # "stage:ErrorClass" -> records that failed
-        self.tasks: dict[int, Task] = {}
-        self.group = GroupMap()
-        self.joined = False
-        self.rebalancing = False
-        self.rebalances = 0
         self.stats = {"processed": 0, **dict.fromkeys(step.counters, 0), "batches": 0}
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self.cuts = Cuts()
-        self._assignment = MemberAssignment()
         self._retries = RetryTracker(
             settings.retry_backoff_ms / 1000, settings.task_timeout_ms / 1000
         )
-        self._disk_checkpoints: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
@@ -145,7 +153,7 @@ class TaskRunner:
         self._stall_limit_s = settings.failure_probe_window_ms / 2000
         self._stalled = False
         self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
-        # Kafka clients need the running loop: they are created in start().
+        # Kafka clients need the running loop: they are created in start() (or attached).
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
         self._overlaps = bool(getattr(step, "reads_unpersisted", False))
@@ -166,30 +174,29 @@ class TaskRunner:
         return []
 
     # lifecycle -------------------------------------------------------------------------------
-    @property
-    def store_root(self) -> Path:
-        return self.settings.store_dir / self.name
-
     async def start(self) -> None:
         s = self.settings
         configure_store_memory(s.store_memory_mb)
         await ensure_topics(s.connection, self.topic_specs(), client_id=self.client_id)
-        self._scan_local_stores()
-        self._checkpoint = self._new_checkpoint()
-        self._reader = ChangelogReader(s, self.changelog_topic, self._on_restored)
-        await self._checkpoint.start()
-        await self._reader.start()  # fetches end offsets first: the join reports real lags
+        self.registry.scan_local_stores()
+        checkpoint = self._new_checkpoint()
+        reader = ChangelogReader(s, self.changelog_topic, self._on_restored)
+        await checkpoint.start()
+        await reader.start()  # fetches end offsets first: the join reports real lags
         options: dict[str, Any] = {}
         if self.assignment_config is not None:
             options["partition_assignment_strategy"] = (
                 TaskAssignor(
-                    self.input_topic, self.assignment_config, self._report, self._on_assignment
+                    self.input_topic,
+                    self.assignment_config,
+                    self.registry.report,
+                    self._on_assignment,
                 ),
             )
         if s.static_membership:
             # KIP-345: a restart under the same id gets its tasks back without a rebalance.
             options["group_instance_id"] = s.instance_id
-        self._consumer = new_consumer(
+        consumer = new_consumer(
             s.connection,
             group_id=self.group_id,
             client_id=self.client_id,
@@ -202,11 +209,12 @@ class TaskRunner:
             fetch_max_wait_ms=100,
             **options,
         )
-        self._consumer.subscribe([self.input_topic], listener=ForwardingListener(self))
-        await start(self._consumer, s.connection, doing=f"join the group {self.group_id}")
+        self.attach(consumer, checkpoint, reader)
+        consumer.subscribe([self.input_topic], listener=ForwardingListener(self))
+        await start(consumer, s.connection, doing=f"join the group {self.group_id}")
         self._background = [
             asyncio.create_task(self._run(), name=f"enhydra-{self.name}"),
-            asyncio.create_task(self._watch_stalls(), name=f"enhydra-{self.name}-stalls"),
+            asyncio.create_task(self._watch(), name=f"enhydra-{self.name}-watch"),
             *(asyncio.create_task(loop) for loop in self.background()),
         ]
         self.log.info(
@@ -217,8 +225,14 @@ class TaskRunner:
             partitions=s.partitions,
             guarantee=s.processing_guarantee,
             standbys=self.assignment_config.num_standby_replicas if self.assignment_config else 0,
-            local_stores=sorted(self._disk_checkpoints),
+            local_stores=sorted(self.registry.disk_checkpoints),
         )
+
+    def attach(self, consumer: Consumer, checkpoint: Checkpoint, reader: ChangelogReader) -> None:
+        """The clients the loop drives: built by start(), or fakes in the runner's unit tests."""
+        self._consumer = consumer
+        self._checkpoint = checkpoint
+        self._reader = reader
 
     def _new_checkpoint(self) -> Checkpoint:
         s = self.settings
@@ -246,39 +260,63 @@ class TaskRunner:
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
         assert self._consumer is not None
         # A failed commit only costs redelivery (skipped on arrival): never wait long for it.
-        await self._retrying("commit", self._consumer.commit, offsets, timeout=5.0)
+        # aiokafka's own timeout does not bound a commit whose coordinator is unknown.
+        commit = _bounded(self._consumer.commit, COMMIT_TIMEOUT_S)
+        await self._retrying("commit", commit, offsets, timeout=COMMIT_TIMEOUT_S)
 
     async def stop(self) -> None:
-        """Finish the batch in flight, flush, commit, leave the group, close the stores."""
+        """Finish the batch in flight, flush, commit, leave the group, close the stores.
+
+        Bounded by shutdown_timeout_s as a whole, whatever the brokers do: an orchestrator
+        kills a process that takes longer (Kubernetes: 30 s after SIGTERM), and what was not
+        made durable by then is read again by the next owner, skipped where it was applied.
+        """
         self._stopping.set()
+        self.registry.stopping = True
+        deadline = time.monotonic() + max(1.0, self.settings.shutdown_timeout_s - STOP_MARGIN_S)
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
         processing, *others = self._background or [None]
         for task in others:
             task.cancel()
         if processing is not None:
             try:
-                await asyncio.wait_for(processing, self.settings.shutdown_timeout_s)
+                await asyncio.wait_for(processing, left())
             except (TimeoutError, asyncio.CancelledError):
                 processing.cancel()
             except Exception:  # already reported through on_failure
                 pass
         if self._reader is not None:
-            await self._reader.stop()
+            await self._bounded_step("stop the changelog reader", self._reader.stop(), left())
         if self._consumer is not None:
             if self._checkpoint is not None:
-                async with self._lock:
-                    with contextlib.suppress(Exception):  # a failed flight is already reported
-                        await self._land()
-                    await self._checkpoint.commit(force=True)
+                await self._bounded_step("make the last batch durable", self._finish(), left())
             if self.leave_on_stop and self.settings.static_membership:
-                await self._leave()
-            await close(self._consumer)
+                await self._bounded_step("leave the group", self._leave(), left())
+            await self._bounded_step("close the consumer", close(self._consumer), left())
         if self._checkpoint is not None:
-            await self._checkpoint.stop()
-        for task in self.tasks.values():
-            task.store.close()
-        self.tasks.clear()
+            await self._bounded_step("close the producer", self._checkpoint.stop(), left())
+        self.registry.close_all()
         if self._consumer is not None:
             self.log.info(f"{self.label} stopped", **self.stats)
+
+    async def _finish(self) -> None:
+        assert self._checkpoint is not None
+        async with self._lock:
+            with contextlib.suppress(Exception):  # a failed flight is already reported
+                await self._land()
+            await self._checkpoint.commit(force=True)
+
+    async def _bounded_step(self, what: str, step: Awaitable[Any], timeout: float) -> None:
+        """One step of stop(): given up (logged) when it outlasts the stop's time left."""
+        try:
+            await asyncio.wait_for(step, timeout)
+        except TimeoutError:
+            self.log.warning(f"stop: could not {what} in time; going on", seconds=round(timeout, 1))
+        except Exception as exc:
+            self.log.warning(f"stop: could not {what}", error=repr(exc))
 
     async def _leave(self) -> None:
         """Leave the group now, so the others take the tasks over without waiting."""
@@ -296,168 +334,75 @@ class TaskRunner:
         """The member id the group gave this runner's consumer (None before it joined)."""
         return member_id(self._consumer)
 
-    def _scan_local_stores(self) -> None:
-        """Checkpoints of store copies left on disk by earlier runs: reported as lags."""
-        root = self.store_root
-        for path in sorted(root.glob("*")) if root.is_dir() else ():
-            if path.name.isdigit() and int(path.name) < self.settings.partitions:
-                store = PartitionStore(path)
-                self._disk_checkpoints[int(path.name)] = store.changelog_offset
-                store.close()
-
     @property
     def stopping(self) -> bool:
         """stop() has begun: the group may already have moved this instance's tasks away."""
         return self._stopping.is_set()
 
-    @property
-    def ready(self) -> bool:
-        """In the group, not rebalancing, and every active task restored."""
-        return (
-            self.joined
-            and not self.rebalancing
-            and all(
-                t.status is TaskStatus.RUNNING for t in self.tasks.values() if t.role is Role.ACTIVE
-            )
-        )
-
-    def active_partitions(self) -> list[int]:
-        return sorted(p for p, t in self.tasks.items() if t.role is Role.ACTIVE)
-
     # group protocol --------------------------------------------------------------------------
-    def task_lag(self, task: Task) -> int | None:
-        """Changelog records this copy is behind; 0 for a running active (it writes them)."""
-        if task.serving:
-            return 0
-        return self._lag(task.store.changelog_offset, task.partition)
-
-    def _lag(self, checkpoint: int, partition: int) -> int | None:
+    def _lag(self, partition: int, checkpoint: int) -> int | None:
         return None if self._reader is None else self._reader.lag(partition, checkpoint)
 
-    def _report(self) -> MemberReport:
-        """What this instance tells the leader when it joins (called inside the join)."""
-        lags: dict[int, int] = {}
-        # A task with no local copy lags by its whole changelog: a small one is cheap to
-        # restore, so such an instance can count as caught up (acceptable_recovery_lag).
-        for partition in range(self.settings.partitions):
-            lag = self._lag(-1, partition)
-            if lag is not None:
-                lags[partition] = lag
-        for partition, checkpoint in self._disk_checkpoints.items():
-            lag = self._lag(checkpoint, partition)
-            if lag is not None:
-                lags[partition] = lag
-        for partition, task in self.tasks.items():
-            running_active = task.role is Role.ACTIVE and task.status is not TaskStatus.RESTORING
-            lag = 0 if running_active else self._lag(task.store.changelog_offset, partition)
-            if lag is not None:
-                lags[partition] = lag
-        s = self.settings
-        return MemberReport(
-            instance_id=s.instance_id,
-            url=s.advertised_url,
-            tags=s.client_tags,
-            active=frozenset(p for p, t in self.tasks.items() if t.role is Role.ACTIVE),
-            standby=frozenset(p for p, t in self.tasks.items() if t.role is not Role.ACTIVE),
-            lags=lags,
-        )
-
     def _on_assignment(self, assignment: MemberAssignment) -> None:
-        self._assignment = assignment  # arrives just before on_partitions_assigned
-
-    @property
-    def assignment(self) -> MemberAssignment:
-        """This instance's part of the last assignment (standbys, warm-ups, probing)."""
-        return self._assignment
+        self.registry.assignment = assignment  # arrives just before on_partitions_assigned
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.rebalancing = True
+        registry = self.registry
+        registry.rebalancing = True
         assert self._reader is not None and self._checkpoint is not None
         async with self._lock:
             await self._land()
             await self._checkpoint.commit(force=True)
-            for tp in revoked:
-                task = self.tasks.get(tp.partition)
-                if task is not None and task.role is Role.ACTIVE:
-                    task.status = TaskStatus.SUSPENDED
+            registry.suspend({tp.partition for tp in revoked})
             # Stop restoring what may go elsewhere; standbys keep following meanwhile.
-            self._reader.set_copies({}, self._following())
+            self._reader.set_copies({}, registry.following())
         if revoked:
             self.log.info("partitions revoked", partitions=sorted(tp.partition for tp in revoked))
 
-    def _following(self) -> dict[int, Task]:
-        return {p: t for p, t in self.tasks.items() if t.role is not Role.ACTIVE}
-
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        extra = self._assignment
+        registry = self.registry
+        extra = registry.assignment
         active = {tp.partition for tp in assigned}
-        roles = {p: Role.WARMUP for p in extra.warmup}
-        roles.update({p: Role.STANDBY for p in extra.standby})
-        roles.update({p: Role.ACTIVE for p in active})
         assert self._reader is not None and self._checkpoint is not None
         async with self._lock:
             await self._land()  # revocation landed them already; a task may close below
-            for partition in [p for p in self.tasks if p not in roles]:
-                await self._close_task(partition)
-            for partition, role in sorted(roles.items()):
-                task = self.tasks.get(partition)
-                if task is None:
-                    store = PartitionStore(self.store_root / str(partition))
-                    task = self.tasks[partition] = Task(
-                        partition, store, cache=self.step.new_cache()
-                    )
-                    self._disk_checkpoints.pop(partition, None)
-                task.clear_cache()  # the store may have changed while the task was elsewhere
-                if role is not Role.ACTIVE and task.role is Role.ACTIVE:
-                    await self._checkpoint.close_task(partition)
-                task.role = role
-                task.status = TaskStatus.RESTORING if role is Role.ACTIVE else TaskStatus.RUNNING
-            for partition in sorted(active):
+            roles = {p: Role.WARMUP for p in extra.warmup}
+            roles.update({p: Role.STANDBY for p in extra.standby})
+            roles.update({p: Role.ACTIVE for p in active})
+            for partition in registry.leaving_active(roles):
+                await self._checkpoint.close_task(partition)
+            change = registry.assign(active, extra)
+            for partition in change.active:
                 await self._checkpoint.open_task(partition)
             if assigned:
                 assert self._consumer is not None
                 self._consumer.pause(*assigned)
-            restoring = {p: t for p, t in self.tasks.items() if t.role is Role.ACTIVE}
-            self._reader.set_copies(restoring, self._following())
-        self.group = extra.group
-        self.joined = True
-        self.rebalancing = False
-        self.rebalances += 1
+            self._reader.set_copies(registry.restoring(), registry.following())
         self.log.info(
             "tasks assigned",
-            active=sorted(active),
+            active=change.active,
             standby=sorted(extra.standby),
             warmup=sorted(extra.warmup),
             probing=extra.probing_rebalance_needed,
         )
 
-    async def _close_task(self, partition: int) -> None:
-        task = self.tasks.pop(partition)
-        if task.role is Role.ACTIVE:
-            assert self._checkpoint is not None
-            await self._checkpoint.close_task(partition)
-        self._disk_checkpoints[partition] = task.store.changelog_offset
-        task.store.close()
-
     def _on_restored(self, task: Task) -> None:
         """The reader caught an active task up with its changelog: let its input flow."""
-        if self.tasks.get(task.partition) is not task or task.role is not Role.ACTIVE:
+        if not self.registry.restored(task):
             return
-        task.clear_cache()  # restored: the store is newer than anything cached
-        task.status = TaskStatus.RUNNING
         assert self._consumer is not None
         tp = TopicPartition(self.input_topic, task.partition)
         if tp in self._consumer.assignment():
             self._consumer.resume(tp)
-        if self.ready:
-            self.log.info("all active tasks running", active=self.active_partitions())
+        if self.registry.ready:
+            self.log.info("all active tasks running", active=self.registry.active_partitions())
 
     def request_rebalance(self) -> None:
         """Ask the group to rebalance now (a probing rebalance)."""
         if self._consumer is not None:
             request_rejoin(self._consumer)
 
-    # queries ---------------------------------------------------------------------------------
+    # what the loop knows of its partitions ---------------------------------------------------
     def input_lag(self) -> dict[int, int]:
         """Per running active partition, input records fetched-known but not yet processed."""
         lags: dict[int, int] = {}
@@ -465,18 +410,14 @@ class TaskRunner:
         if consumer is None:
             return lags
         assigned = consumer.assignment()
-        for partition, task in self.tasks.items():
-            tp = TopicPartition(self.input_topic, partition)
-            if task.role is not Role.ACTIVE or tp not in assigned:
+        for task in self.registry.active_tasks():
+            tp = TopicPartition(self.input_topic, task.partition)
+            if tp not in assigned:
                 continue
             highwater = consumer.highwater(tp)
             if highwater is not None:
-                lags[partition] = max(0, highwater - (task.store.input_offset + 1))
+                lags[task.partition] = max(0, highwater - (task.store.input_offset + 1))
         return lags
-
-    def active_store(self, partition: int) -> PartitionStore | None:
-        task = self.tasks.get(partition)
-        return task.store if task is not None and task.serving else None
 
     async def end_offset(self, partition: int) -> int:
         """The input partition's end offset now: the default cut of a snapshot."""
@@ -525,7 +466,7 @@ class TaskRunner:
                 if self.cuts.pending:
                     async with self._lock:
                         await self._land()  # a cut needs the state durable up to it
-                        serving = {p for p, t in self.tasks.items() if t.serving}
+                        serving = {t.partition for t in self.registry.active_tasks() if t.serving}
                         await self.cuts.settle(self._consumer, self.input_topic, serving)
                 async with self._lock:
                     await self._checkpoint.commit()
@@ -559,7 +500,7 @@ class TaskRunner:
         stamps: list[int] = []
         busy = 0.0
         for tp, records in batch.items():
-            task = self.tasks.get(tp.partition)
+            task = self.registry.tasks.get(tp.partition)
             if task is None or not task.serving:
                 # Fetched just before a rebalance paused it: rewind so nothing is skipped.
                 if tp in consumer.assignment():
@@ -621,6 +562,10 @@ class TaskRunner:
             if len(flights) <= keep and not head.flight.done.done():
                 return
             flights.popleft()
+            if not flights:
+                # Nothing flies any more: the next flight waits for none. Kept, a dropped
+                # flight would fail every later one, and each retry would publish again.
+                self._last_flight = None
             try:
                 await head.flight.done
             except StaleBatch:
@@ -662,9 +607,10 @@ class TaskRunner:
         self.batch_time.observe(flight.done_at - flight.published_at, phase="durable")
         self.latency.observe_since(flight.published_at * 1000, landing.stamps, per_second=1000)
 
-    async def _watch_stalls(self) -> None:
-        """Notice when this process did not run for a while (it cannot notice while frozen)."""
+    async def _watch(self) -> None:
+        """Notice stalls of this process (it cannot notice while frozen) and stuck tasks."""
         last = time.monotonic()
+        next_check = last + WATCHDOG_TICK_S
         while True:
             await asyncio.sleep(STALL_TICK_S)
             now = time.monotonic()
@@ -672,6 +618,47 @@ class TaskRunner:
                 self._stalled = True
                 self.log.warning("this process stalled", seconds=round(now - last, 2))
             last = now
+            if now >= next_check:
+                next_check = now + WATCHDOG_TICK_S
+                self._check_progress(now)
+
+    def _check_progress(self, now: float) -> None:
+        """Tell the watchdog where every active task stands; log a task that became stuck."""
+        registry = self.registry
+        if self._consumer is None or self._reader is None:
+            return
+        lags = self.input_lag()
+        for task in registry.active_tasks():
+            p = task.partition
+            if task.status is TaskStatus.RUNNING:
+                stuck = registry.watchdog.observe(
+                    p,
+                    now,
+                    phase="processing",
+                    position=task.store.input_offset,
+                    waiting=lags.get(p),
+                    held=self.cuts.holds(p) or self._retries.retrying(p) or self._stalled,
+                )
+            elif task.status is TaskStatus.RESTORING:
+                offset = task.store.changelog_offset
+                stuck = registry.watchdog.observe(
+                    p,
+                    now,
+                    phase="restoring",
+                    position=offset,
+                    waiting=self._reader.lag(p, offset),
+                )
+            else:  # suspended in a rebalance: the group decides next
+                stuck = registry.watchdog.observe(
+                    p, now, phase="suspended", position=0, waiting=0, held=True
+                )
+            if stuck is not None:
+                self.log.error(
+                    "task stuck: liveness fails until it moves",
+                    partition=p,
+                    reason=stuck.reason(),
+                    input=self.input_topic,
+                )
 
     def _guard(self) -> None:
         if self._stalled:
@@ -717,7 +704,7 @@ class TaskRunner:
 
     def _resume(self, tp: TopicPartition) -> None:
         """Let a paused partition's input flow, if it is still ours and running."""
-        task = self.tasks.get(tp.partition)
+        task = self.registry.tasks.get(tp.partition)
         if (
             self._consumer is not None
             and not self._stopping.is_set()
@@ -747,3 +734,15 @@ async def _yield_to_io() -> None:
     """Let the event loop run what is ready (acknowledgements, fetches, heartbeats)."""
     for _ in range(YIELD_HOPS):
         await asyncio.sleep(0)
+
+
+def _bounded(call: Callable[..., Awaitable[Any]], timeout: float) -> Callable[..., Awaitable[Any]]:
+    """`call`, failing with a KafkaTimeoutError (transient: retried) after `timeout` seconds."""
+
+    async def bounded(*args: Any) -> Any:
+        try:
+            return await asyncio.wait_for(call(*args), timeout)
+        except TimeoutError:
+            raise KafkaTimeoutError(f"no answer within {timeout:g}s") from None
+
+    return bounded

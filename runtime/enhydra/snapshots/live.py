@@ -152,7 +152,7 @@ class LiveSnapshots:
             request = self._requests.pop(message["id"], None)
             engine = self.owner.engine
             if request is not None and engine is not None:
-                for partition in list(engine.tasks):
+                for partition in list(engine.registry.tasks):
                     if partition not in request.taken:
                         engine.release(partition)
 
@@ -164,7 +164,7 @@ class LiveSnapshots:
             if engine is None:
                 continue
             for request in list(self._requests.values()):
-                for partition in engine.active_partitions():
+                for partition in engine.registry.active_partitions():
                     key = (request.id, partition)
                     if partition in request.taken or key in self._busy:
                         continue
@@ -353,6 +353,6 @@ class LiveSnapshots:
         interval = self.owner.settings.snapshot_interval_s
         while interval > 0:
             await asyncio.sleep(interval)
-            if self.is_coordinator and self.owner.engine.ready:
+            if self.is_coordinator and self.owner.engine.registry.ready:
                 with contextlib.suppress(Exception):  # logged in create()
                     await self.create()

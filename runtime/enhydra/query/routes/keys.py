@@ -19,7 +19,7 @@ from enhydra.evolution import StateVersionError, migrate_state
 from enhydra.query.api import ApiContext, ApiError, json_response, unavailable
 from enhydra.query.openapi import Param, Route, key_param, store_param
 from enhydra.query.routing import FORWARDED_HEADER, PeerAnswer
-from enhydra.runner.tasks import Role
+from enhydra.runner.registry import Verdict
 
 KEY_HEADERS = {
     "X-Enhydra-Partition": "the key's partition",
@@ -79,15 +79,12 @@ def routes(ctx: ApiContext) -> list[Route]:
         engine = ctx.engine()
         raw_key = key.encode("utf-8")
         partition = partition_for(raw_key, engine.settings.partitions)
-        task = engine.tasks.get(partition)
-        settled = engine.joined and not engine.rebalancing and not engine.stopping
-        if settled and task is not None and task.serving:
-            return answer(task.store.get(raw_key), key, partition, 0, False)
-        if allow_stale and task is not None and not engine.stopping:
-            lag = engine.task_lag(task)
-            if lag is not None:
-                return answer(task.store.get(raw_key), key, partition, lag, True)
-        if task is not None and task.role is Role.ACTIVE:
+        access = engine.registry.access(partition, allow_stale=allow_stale)
+        if access.readable:
+            assert access.store is not None
+            stale = access.verdict is Verdict.STALE
+            return answer(access.store.get(raw_key), key, partition, access.lag, stale)
+        if access.verdict is Verdict.UNAVAILABLE:
             raise unavailable("partition is being restored or rebalanced", partition=partition)
         if FORWARDED_HEADER in request.headers or not args["forward"]:
             raise ApiError(
@@ -98,14 +95,14 @@ def routes(ctx: ApiContext) -> list[Route]:
                 partition=partition,
                 instance=instance_id,
             )
-        if not settled:
+        if not access.settled:
             raise unavailable("a rebalance is in progress", partition=partition)
         return await forward(store, key, partition, allow_stale)
 
     async def forward(store: str, key: str, partition: int, allow_stale: bool) -> web.Response:
-        engine = ctx.engine()
-        group = engine.group.instances
-        owner = engine.group.active_owner(partition)
+        registry = ctx.engine().registry
+        group = registry.group.instances
+        owner = registry.group.active_owner(partition)
         candidates = [owner] if owner is not None and owner != instance_id else []
         if allow_stale:
             candidates += [

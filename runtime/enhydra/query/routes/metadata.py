@@ -44,8 +44,8 @@ def routes(ctx: ApiContext) -> list[Route]:
                 "app_id": ctx.config.app_id,
                 "stores": [store_name],
                 "partitions": engine.settings.partitions,
-                "ready": engine.ready,
-                "rebalancing": engine.rebalancing,
+                "ready": engine.registry.ready,
+                "rebalancing": engine.registry.rebalancing,
                 "topology": meta.topology(engine),
                 "instances": [
                     meta.describe_instance(

@@ -22,17 +22,24 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
     status_page = _status_page()
 
     async def live(request: web.Request, args: dict[str, Any]) -> web.Response:
+        engine = ctx.get_engine()
+        stuck = engine.registry.stuck if engine is not None else {}
+        if stuck:  # the orchestrator restarts the process: a stuck task is a liveness failure
+            raise unavailable(
+                "a task is stuck", stuck={str(p): s.reason() for p, s in sorted(stuck.items())}
+            )
         return json_response({"status": "live"})
 
     async def ready(request: web.Request, args: dict[str, Any]) -> web.Response:
         engine = ctx.engine()
-        if engine.ready and not engine.stopping:
+        registry = engine.registry
+        if registry.ready and not engine.stopping:
             return json_response({"status": "ready"})
         raise unavailable(
             "not ready",
-            tasks={p: t.status.value for p, t in engine.tasks.items()},
-            joined=engine.joined,
-            rebalancing=engine.rebalancing,
+            tasks={p: t.status.value for p, t in registry.tasks.items()},
+            joined=registry.joined,
+            rebalancing=registry.rebalancing,
         )
 
     async def metrics(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -65,7 +72,14 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
 
     own = [
         Route("GET", "/", index, "the status page", "operations", content_type="text/html"),
-        Route("GET", "/health/live", live, "the process answers", "operations"),
+        Route(
+            "GET",
+            "/health/live",
+            live,
+            "the process answers and no task is stuck (task_watchdog_ms)",
+            "operations",
+            responses=(200, 503),
+        ),
         Route(
             "GET",
             "/health/ready",

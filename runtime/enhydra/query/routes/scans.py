@@ -15,26 +15,26 @@ from aiohttp import web
 from enhydra.query.api import ApiContext, ApiError, json_response, unavailable
 from enhydra.query.openapi import BadRequest, Param, Route, store_param
 from enhydra.query.scan import KeyRange, count_stores, encode_cursor, merge_pages, scan_stores
-from enhydra.runner.tasks import Role, TaskStatus
+from enhydra.runner.registry import Verdict
 
 
 def routes(ctx: ApiContext) -> list[Route]:
     instance_id = ctx.instance_id
 
     def local_stores(partitions: list[int]) -> list:
-        engine = ctx.engine()
-        if engine.rebalancing or engine.stopping or not engine.joined:
+        registry = ctx.engine().registry
+        if not registry.settled:
             raise unavailable("a rebalance is in progress")
         stores = []
         for partition in partitions:
-            task = engine.tasks.get(partition)
-            if task is None or task.role is not Role.ACTIVE:
+            access = registry.access(partition)
+            if access.verdict is Verdict.NOT_HOSTED:
                 raise ApiError(
                     421, "not_hosted", f"partition {partition} is not active on this instance"
                 )
-            if task.status is not TaskStatus.RUNNING:
-                raise unavailable(f"partition {partition} is being restored")
-            stores.append(task.store)
+            if access.verdict is not Verdict.SERVE:
+                raise unavailable(f"partition {partition}: {access.reason}")
+            stores.append(access.store)
         return stores
 
     def parse_partitions(raw: str) -> list[int]:
@@ -50,11 +50,12 @@ def routes(ctx: ApiContext) -> list[Route]:
     def plan() -> dict[str, list[int]]:
         """Which instance to ask for which partitions: every partition's active owner."""
         engine = ctx.engine()
-        if engine.rebalancing or engine.stopping or not engine.joined:
+        registry = engine.registry
+        if not registry.settled:
             raise unavailable("a rebalance is in progress")
         owners: dict[str, list[int]] = {}
         for partition in range(engine.settings.partitions):
-            owner = engine.group.active_owner(partition)
+            owner = registry.group.active_owner(partition)
             if owner is None:
                 raise unavailable(f"no instance hosts partition {partition} now")
             owners.setdefault(owner, []).append(partition)
@@ -70,7 +71,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             if owner == instance_id:
                 results.append(local(local_stores(parts)))
                 continue
-            url = engine.group.instances[owner].get("url", "")
+            url = engine.registry.group.instances[owner].get("url", "")
             leg = {**params, "partitions": ",".join(map(str, parts))}
             calls[owner] = ctx.peers.get(url, f"/v1/stores/{quote(store, safe='')}/{what}", leg)
         for owner, answer in (await ctx.peers.gather(calls)).items():
