@@ -23,9 +23,10 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from enhydra.contracts.sizes import record_size
 from enhydra.kafka.errors import transient
 from enhydra.runner import checkpoint as ckpt
-from enhydra.runner.batch import PartitionWrite, record_size
+from enhydra.runner.batch import PartitionWrite
 from enhydra.runner.checkpoint import (
     AtLeastOnce,
     ExactlyOnce,

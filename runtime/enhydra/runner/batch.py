@@ -56,19 +56,3 @@ class Step(Protocol):
 
     def new_cache(self) -> Any:
         """A per-task cache of decoded entries, or None."""
-
-
-# What a record adds to its key, value and headers on the wire, at most: its record batch's
-# header when it travels alone (61 bytes), its own lengths and deltas (21), and room for a
-# header the runtime may add later (an epoch on a changelog record).
-RECORD_OVERHEAD = 256
-
-
-def record_size(
-    key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None = None
-) -> int:
-    """An upper bound of the bytes a broker counts for this record against max.message.bytes."""
-    size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-    for name, data in headers or ():
-        size += len(name) + 10 + (len(data) if data else 0)  # 10: two length varints
-    return size

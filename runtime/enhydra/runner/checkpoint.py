@@ -47,18 +47,17 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from enhydra.contracts.sizes import MAX_REQUEST_SIZE, record_size
 from enhydra.kafka.clients import Producer, close, new_producer, start
 from enhydra.kafka.errors import transient
 from enhydra.kafka.topics import max_message_bytes
 from enhydra.logs import get_logger
-from enhydra.runner.batch import Out, PartitionWrite, record_size
+from enhydra.runner.batch import Out, PartitionWrite
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
 
 log = get_logger("enhydra.checkpoint")
 
-# The producers' max_request_size (aiokafka's default), said once: no record may exceed it.
-MAX_REQUEST_SIZE = 1_048_576
 MAX_BATCH_SIZE = 256 * 1024
 ABORT_TIMEOUT_S = 30.0  # an abort that takes longer leaves the transaction's outcome unknown
 
@@ -154,11 +153,11 @@ def _producer_settings(settings: Settings, max_record_bytes: int = MAX_REQUEST_S
 
 
 async def record_limit(settings: Settings, topics: list[str], client_id: str) -> int:
-    """The largest record a batch may write: the smallest of max_output_bytes, the producers'
+    """The largest record the broker takes from a batch: the smaller of the producers'
     max_request_size and the max.message.bytes of every topic written (outputs, changelog,
     DLQ). The pure step checks each record against it before anything of the batch is sent."""
     limits = await max_message_bytes(settings.connection, topics, client_id=client_id)
-    return min(settings.max_output_bytes, MAX_REQUEST_SIZE, *limits.values())
+    return min(MAX_REQUEST_SIZE, *limits.values())
 
 
 async def warm_up(producer: Producer, topics: list[str]) -> None:
@@ -310,7 +309,7 @@ class AtLeastOnce:
         self._pending: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
         self.client_id = client_id
-        self.max_record_bytes = min(settings.max_output_bytes, MAX_REQUEST_SIZE)
+        self.max_record_bytes = MAX_REQUEST_SIZE
         self._producer = new_producer(
             settings.connection, client_id=client_id, **_producer_settings(settings)
         )
@@ -446,7 +445,7 @@ class ExactlyOnce:
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
-        self.max_record_bytes = min(settings.max_output_bytes, MAX_REQUEST_SIZE)
+        self.max_record_bytes = MAX_REQUEST_SIZE
         self._producers: dict[int, Producer] = {}
 
     async def start(self) -> None:

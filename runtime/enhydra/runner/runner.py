@@ -178,6 +178,8 @@ class TaskRunner:
         self._checkpoint = self._new_checkpoint()
         self._reader = ChangelogReader(s, self.changelog_topic, self._on_restored)
         await self._checkpoint.start()
+        if hasattr(self.step, "max_record_bytes"):  # it checks each record against the limit
+            self.step.max_record_bytes = self._checkpoint.max_record_bytes  # type: ignore[attr-defined]
         await self._reader.start()  # fetches end offsets first: the join reports real lags
         options: dict[str, Any] = {}
         if self.assignment_config is not None:
