@@ -333,6 +333,7 @@ class FakeTransactionalProducer:
         self.state = "ready"
         self.commit_errors: list[tuple[str, BaseException]] = []
         self.commits = self.aborts = 0
+        self.abort_hangs = False
         self._records: list[tuple[TP, tuple, asyncio.Future]] = []
 
     async def begin_transaction(self) -> None:
@@ -361,6 +362,8 @@ class FakeTransactionalProducer:
 
     async def abort_transaction(self) -> None:
         assert self.state in ("in", "abortable"), f"Invalid state transition {self.state}"
+        if self.abort_hangs:  # the coordinator does not answer
+            await asyncio.Event().wait()
         self.state = "ready"
         self.aborts += 1
 
@@ -447,6 +450,19 @@ async def test_a_commit_of_unknown_outcome_stops_the_task_and_is_not_run_again(
     assert [len(stores[p].writes) for p in (0, 1)] == [1, 0]
     with pytest.raises(TransactionOutcomeUnknown):
         await flight.published
+
+
+async def test_an_abort_that_does_not_end_leaves_the_outcome_unknown(
+    tmp_path, transactional, monkeypatch
+) -> None:
+    monkeypatch.setattr(ckpt, "ABORT_TIMEOUT_S", 0.01)
+    unit = await exactly_once(tmp_path, 0)
+    transactional[0].commit_errors = [("abortable", RequestTimedOutError())]
+    transactional[0].abort_hangs = True
+    stores = stores_for(0)
+    with pytest.raises(TransactionOutcomeUnknown, match="could not be aborted"):
+        await unit.begin([write(0, 0)], stores, None).done
+    assert transactional[0].commits == 0 and stores[0].writes == []
 
 
 async def test_a_transaction_failing_for_good_is_aborted_and_fails_later_flights(

@@ -245,11 +245,9 @@ class Publication:
         self._guard = guard or _no_guard
         self.pending = {tp: list(items) for tp, items in records.items() if items}
         self.last: dict[int, int] = {}  # partition -> the last offset acknowledged
-        self.attempts = 0
 
     async def __call__(self) -> dict[int, int]:
         self._guard()
-        self.attempts += 1
         producer = self._producer
         now_ms = int(time.time() * 1000)
         sent: list[tuple[tuple[str, int], int, int, asyncio.Future]] = []
@@ -518,7 +516,9 @@ class ExactlyOnce:
             raise
         return done  # type: ignore[return-value]
 
-    async def _commit_one(self, write: PartitionWrite, stores: Mapping[int, PartitionStore]):
+    async def _commit_one(
+        self, write: PartitionWrite, stores: Mapping[int, PartitionStore]
+    ) -> Written:
         offset = await self._retrying("publish", self._transaction, write)
         return persist([(write, offset)], stores)[0]
 
@@ -552,7 +552,9 @@ class ExactlyOnce:
                     {tp: OffsetAndMetadata(write.last_offset + 1, "")}, self.group_id
                 )
             await producer.commit_transaction()
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            raise  # the runner is stopping: the producer is closed, the next one settles it
+        except Exception as exc:
             await _abort(producer, write.partition, exc)
             raise
         if not futures:
