@@ -50,6 +50,13 @@ async def replay(
                 f"dead letter {letter.dlq_partition}@{letter.dlq_offset} "
                 "has no origin topic header; pass --to-topic"
             )
+        if letter.truncated_from is not None:
+            raise DlqError(
+                f"dead letter {letter.dlq_partition}@{letter.dlq_offset} holds only part of its "
+                f"record ({letter.truncated_from} bytes, cut to fit the DLQ); leave it out "
+                f"(--partition, --from-offset, --to-offset) and resend the original from "
+                f"{letter.origin_topic}[{letter.origin_partition}]@{letter.origin_offset}"
+            )
     async with open_producer(as_connection(conn), acks="all", enable_idempotence=True) as producer:
         futures = []
         for letter in letters:

@@ -5,6 +5,7 @@
     partitioner.py  Kafka's default partitioner (murmur2): where a key lives
     fingerprint.py  the fingerprint of a topology: "same layout" for upgrades and snapshots
     names.py        names derived from an application id
+    sizes.py        how big a record is to a broker (checked against max.message.bytes)
 
 Pure and light: importable on a Spark executor with nothing but the standard library and orjson.
 """

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import orjson
 
+from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure
 
 PREFIX = "enhydra.dlq."
 REPLAYS = PREFIX + "replays"
 REPLAYED_FROM = PREFIX + "replayed_from"
+TRUNCATED_FROM = PREFIX + "truncated_from"  # a cut dead letter: its value's original size
 MAX_MESSAGE = 2_000
 MAX_STACKTRACE = 8_000
 
@@ -70,6 +72,20 @@ def dead_letter_headers(
     return kept + [(PREFIX + name, value.encode("utf-8")) for name, value in added.items()]
 
 
+def within(
+    key: bytes | None, value: bytes | None, headers: list[Header], limit: int
+) -> tuple[bytes | None, bytes | None, list[Header]]:
+    """A dead letter that fits the DLQ's `limit`: a value too large is cut to fit, and the
+    `truncated_from` header keeps its original size. A cut copy cannot be replayed as it is,
+    but the failure is not lost: its origin headers say where the whole record is."""
+    size = record_size(key, value, headers)
+    if size <= limit or not value:
+        return key, value, headers
+    headers = [*headers, (TRUNCATED_FROM, str(len(value)).encode())]
+    excess = record_size(key, value, headers) - limit
+    return key, value[: max(0, len(value) - excess)], headers
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """One record read back from the DLQ."""
@@ -102,6 +118,12 @@ class DeadLetter:
     def failed_at(self) -> dt.datetime | None:
         raw = self.header("failed_at")
         return dt.datetime.fromisoformat(raw) if raw else None
+
+    @property
+    def truncated_from(self) -> int | None:
+        """The original value's size when this copy was cut to fit the DLQ, else None."""
+        raw = self.header("truncated_from")
+        return int(raw) if raw else None
 
     @property
     def replays(self) -> int:

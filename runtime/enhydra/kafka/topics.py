@@ -195,3 +195,25 @@ async def warn_on_history_loss(admin: Admin, names: list[str]) -> None:
                     fix=f"kafka-configs --alter --entity-type topics --entity-name {name} "
                     "--add-config retention.ms=-1,retention.bytes=-1,cleanup.policy=delete",
                 )
+
+
+async def max_message_bytes(
+    conn: Connection | str, names: list[str], *, client_id: str = "enhydra"
+) -> dict[str, int]:
+    """Each existing topic's max.message.bytes (its own or the broker's default): the largest
+    record batch the broker accepts for it. Topics that do not exist are left out."""
+    conn = as_connection(conn)
+    wanted = {"max.message.bytes": None}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, wanted) for name in names]
+    limits: dict[str, int] = {}
+    async with open_admin(conn, client_id=client_id) as admin:
+        try:
+            responses = await admin.describe_configs(resources)
+        except KafkaError as exc:
+            raise explain(exc, conn, doing=f"describe the topics {', '.join(names)}") from exc
+    for response in responses:
+        for error_code, _message, _type, name, entries in response.resources:
+            for entry in entries if not error_code else ():
+                if entry[0] == "max.message.bytes" and entry[1]:
+                    limits[name] = int(entry[1])
+    return limits

@@ -10,14 +10,15 @@ effectively-once under at-least-once delivery.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
-from enhydra.contracts.codec import Entry, encode_json
+from enhydra.contracts.codec import Entry, encode_entry, encode_json
+from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import migrate_state
 
@@ -43,7 +44,19 @@ class EmittedEvents:
 
 
 class OutputTooLarge(ValueError):
-    """An output record is bigger than the broker would accept."""
+    """A record the batch would write is bigger than the broker accepts or max_output_bytes."""
+
+    def __init__(self, kind: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{kind} of {size} bytes exceeds the {limit}-byte limit of a record (the smallest "
+            "of max_output_bytes, the producer's max_request_size, the topics' max.message.bytes)"
+        )
+        self.kind, self.size, self.limit = kind, size, limit
+
+
+# Room for an event's contract headers (contracts/headers.py) besides its command id: the
+# command offset, the event index and the version, names included.
+EVENT_HEADERS_BYTES = 160
 
 
 @dataclass(slots=True)
@@ -53,6 +66,7 @@ class Rejected:
     offset: int
     reason: str
     command: Any
+    payload: bytes = b""  # to_value() serialized: made once, where its size is checked
 
     def to_value(self) -> dict[str, Any]:
         return {
@@ -112,6 +126,7 @@ def process_batch(
     give_up: Mapping[int, int] | None = None,
     max_output_bytes: int = 1_000_000,
     into: BatchResult | None = None,
+    checked: Collection[str] = (),
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
@@ -126,6 +141,12 @@ def process_batch(
 
     `into` continues the result of an earlier call, for a batch processed in slices: its
     entries stay the batch's own, exactly as if the records had come in one call.
+
+    Every record the batch would write must fit `max_output_bytes`: a command whose event or
+    rejection would not is a PRODUCE failure and changes nothing, so the batch never fails
+    halfway through publishing. State entries are encoded once per batch (`entry_records`);
+    for the keys in `checked` (whose entry came out too large) every change is encoded and
+    checked as it is made, and a command that makes the entry too large fails the same way.
     """
     result = into if into is not None else BatchResult()
     changed = result.changed
@@ -139,6 +160,22 @@ def process_batch(
     state_version = aggregate.state_version
     dumps = aggregate.typed.encode if aggregate.typed is not None else encode_json
     give_up = give_up or {}
+    limit = max_output_bytes
+
+    def reject(record: Any, key: str, command_id: str, reason: str, command: Any) -> None:
+        rejection = Rejected(key, command_id, record.offset, reason, command)
+        try:
+            rejection.payload = encode_json(rejection.to_value())
+        except TypeError as exc:  # a typed command orjson cannot serialize
+            result.failures.append(Failure(record, Stage.PRODUCE, exc, key))
+            return
+        size = record_size(record.key, rejection.payload)
+        if size > limit:
+            error = OutputTooLarge("rejection", size, limit)
+            result.failures.append(Failure(record, Stage.PRODUCE, error, key))
+            return
+        rejected.append(rejection)
+
     for record in records:
         offset = record.offset
         result.last_offset = offset
@@ -168,7 +205,7 @@ def process_batch(
             result.skipped += 1  # redelivered; its effect is already in the state
             continue
         elif command_id in entry.command_ids:
-            rejected.append(Rejected(key, command_id, offset, "duplicate command_id", command))
+            reject(record, key, command_id, "duplicate command_id", command)
             continue
         else:
             state = entry.state
@@ -179,7 +216,7 @@ def process_batch(
             for event in events:
                 state = apply(state, event)
         except Rejection as rejection:
-            rejected.append(Rejected(key, command_id, offset, rejection.reason, command))
+            reject(record, key, command_id, rejection.reason, command)
             continue
         except Exception as exc:
             if isinstance(exc, transient) and offset not in give_up:
@@ -193,11 +230,16 @@ def process_batch(
             continue
         try:
             payloads = [dumps(event) for event in events]
+            besides = record_size(record.key, None) + EVENT_HEADERS_BYTES + len(command_id)
             for payload in payloads:
-                if len(payload) > max_output_bytes:
-                    raise OutputTooLarge(
-                        f"event of {len(payload)} bytes exceeds the {max_output_bytes}-byte limit"
-                    )
+                if len(payload) + besides > limit:
+                    raise OutputTooLarge("event", len(payload) + besides, limit)
+            if checked and key in checked:
+                after = Entry(state, offset, _ids_after(entry, command_id, dedup_window))
+                after.version = state_version
+                size = record_size(record.key, encode_entry(after))
+                if size > limit:
+                    raise OutputTooLarge("state entry", size, limit)
         except (TypeError, OutputTooLarge) as exc:  # orjson raises TypeError for non-JSON
             result.failures.append(Failure(record, Stage.PRODUCE, exc, key))
             continue
@@ -224,3 +266,34 @@ def process_batch(
             changed[key] = Entry(state, offset, ids, state_version)
         emitted.append(EmittedEvents(key, command_id, offset, events, payloads))
     return result
+
+
+def _ids_after(entry: Entry | None, command_id: str, dedup_window: int) -> list[str]:
+    """The command ids an entry keeps once `command_id` is applied (as process_batch does)."""
+    ids = list(entry.command_ids) if entry is not None else []
+    return [*ids, command_id][-dedup_window:] if dedup_window else ids
+
+
+def entry_records(
+    result: BatchResult, limit: int, again: Callable[[set[str]], BatchResult]
+) -> tuple[BatchResult, list[tuple[bytes, bytes]]]:
+    """The batch's changed entries as changelog records (key, value), each within `limit`.
+
+    Entries are encoded here, once per batch. When one would exceed the limit (rare: a state
+    that grew too large), `again(keys)` runs the batch once more checking every change of
+    those keys (process_batch's `checked`): the commands that would make an entry too large
+    fail, and each key keeps the last entry that fits.
+    """
+    checked: set[str] = set()
+    while True:
+        puts: list[tuple[bytes, bytes]] = []
+        grown: set[str] = set()
+        for key, entry in result.changed.items():
+            raw_key, value = key.encode("utf-8"), encode_entry(entry)
+            if record_size(raw_key, value) > limit:
+                grown.add(key)
+            puts.append((raw_key, value))
+        if grown <= checked:  # all fit (or decide did not repeat itself: the broker will say)
+            return result, puts
+        checked |= grown
+        result = again(checked)

@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
-from enhydra.aggregate import BoundAggregate, dumps
-from enhydra.contracts.codec import Entry, decode_entry, encode_entry
+from enhydra.aggregate import BoundAggregate
+from enhydra.contracts.codec import Entry, decode_entry
 from enhydra.contracts.headers import VERSION_1, command_event_headers
-from enhydra.errors.dlq import dead_letter_headers
+from enhydra.contracts.sizes import MAX_REQUEST_SIZE
+from enhydra.errors.dlq import dead_letter_headers, within
 from enhydra.errors.failure import Failure
 from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fails
 from enhydra.evolution import version_headers
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
-from enhydra.processing.core import BatchResult, process_batch
+from enhydra.processing.core import BatchResult, entry_records, process_batch
 from enhydra.runner.batch import Out, StepOutput
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
@@ -83,6 +84,10 @@ class AggregateStep:
         self.policies = policies
         self.transient = transient
         self.version_of = version_headers(aggregate.aggregate)
+        # The largest record the broker takes (checkpoint.record_limit; the runner sets it once
+        # it has learned the topics'). Events, rejections and entries also keep within
+        # max_output_bytes; a dead letter, a copy of its command, only within this.
+        self.max_record_bytes = MAX_REQUEST_SIZE
 
     def new_cache(self) -> EntryCache:
         return EntryCache(self.settings.state_cache_entries)
@@ -115,6 +120,7 @@ class AggregateStep:
 
         s = self.settings
         agg = self.aggregate
+        limit = min(s.max_output_bytes, self.max_record_bytes)
         result = BatchResult()
         for at in range(0, len(records), size):
             if at:
@@ -126,21 +132,45 @@ class AggregateStep:
                 dedup_window=s.dedup_window,
                 transient=self.transient,
                 give_up=give_up,
-                max_output_bytes=s.max_output_bytes,
+                max_output_bytes=limit,
                 into=result,
             )
             if result.interrupted is not None:
                 break
+
+        interrupted, last_offset = result.interrupted, result.last_offset
+
+        def again(checked: set[str]) -> BatchResult:
+            """The records handled, once more, checking every change of the keys in `checked`.
+
+            Rare (a state grew too large); decide runs again for these records.
+            """
+            handled = [r for r in records if r.offset <= last_offset]
+            rerun = process_batch(
+                agg.aggregate,
+                handled,
+                load,
+                dedup_window=s.dedup_window,
+                transient=self.transient,
+                give_up=give_up,
+                max_output_bytes=limit,
+                checked=checked,
+            )
+            if rerun.interrupted is None:
+                rerun.interrupted, rerun.last_offset = interrupted, last_offset
+            return rerun
+
+        result, puts = entry_records(result, limit, again)
         outputs: dict[str, list[Out]] = {}
         events = event_outputs(result, self.version_of)
         if events:
             outputs[agg.events_topic] = events
         if result.rejected:
             outputs[agg.rejections_topic] = [
-                (r.key.encode("utf-8") if r.key is not None else None, dumps(r.to_value()), None)
+                (r.key.encode("utf-8") if r.key is not None else None, r.payload, None)
                 for r in result.rejected
             ]
-        letters = self._dead_letters(task.partition, result.failures)
+        letters = self._dead_letters(task.partition, result.failures, self.max_record_bytes)
         if letters:
             outputs[s.dlq_topic] = letters
         interrupted = result.interrupted
@@ -149,7 +179,7 @@ class AggregateStep:
             task.cache.stage(changed)
         return StepOutput(
             outputs=outputs,
-            puts=[(k.encode("utf-8"), encode_entry(e)) for k, e in changed.items()],
+            puts=puts,
             last_offset=result.last_offset,
             counts={
                 "events": result.event_count,
@@ -163,8 +193,11 @@ class AggregateStep:
             persisted=lambda: task.cache.persisted(changed),
         )
 
-    def _dead_letters(self, partition: int, failures: list[Failure]) -> list[Out]:
-        """Apply each failure's policy: dead letters to publish, a log line, or stop."""
+    def _dead_letters(self, partition: int, failures: list[Failure], limit: int) -> list[Out]:
+        """Apply each failure's policy: dead letters to publish, a log line, or stop.
+
+        A dead letter too large for the DLQ is cut to fit (errors/dlq.py `within`), not lost.
+        """
         s = self.settings
         topic = self.aggregate.commands_topic
         letters: list[Out] = []
@@ -189,7 +222,7 @@ class AggregateStep:
                     app_id=s.app_id,
                     instance_id=s.instance_id,
                 )
-                letters.append((failure.record.key, failure.record.value, headers))
+                letters.append(within(failure.record.key, failure.record.value, headers, limit))
                 log.warning("record sent to the dead-letter queue", dlq=s.dlq_topic, **context)
             else:
                 log.warning("record skipped", action=str(action), **context)

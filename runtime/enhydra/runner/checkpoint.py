@@ -16,11 +16,16 @@ at_least_once: one idempotent producer. Outputs are acknowledged before the chan
 are sent, so a changelog entry (which marks its input as applied) never exists for a record
 whose outputs were lost; a crash in between duplicates outputs, never state. Input offsets are
 committed at most every `commit_interval_ms` (a late commit costs only skipped redeliveries).
+A transient error is retried for what the broker has not acknowledged only (`Publication`).
 
 exactly_once: Kafka transactions, one transactional producer per task whose id is derived from
 the runner's prefix and the partition, so the next owner of a partition fences a zombie previous
 owner (aiokafka's TxnOffsetCommit carries no group generation). Outputs, changelog records and
-the input offsets commit together, inside the transaction.
+the input offsets commit together, inside the transaction. Each partition's transaction is
+retried alone, a committed one never again; one whose outcome is unknown stops the task.
+
+Every record a batch writes fits `max_record_bytes` (record_limit): the pure step checks it
+before anything of the batch is published, so no batch fails halfway for a record too large.
 
 A batch on its way is a `Flight` (`begin` starts one): the runner computes the next batch while
 the previous one flies, and flights keep the order of batches at every step. A flight publishes
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,13 +47,19 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from enhydra.contracts.sizes import MAX_REQUEST_SIZE, record_size
 from enhydra.kafka.clients import Producer, close, new_producer, start
+from enhydra.kafka.errors import transient
+from enhydra.kafka.topics import max_message_bytes
 from enhydra.logs import get_logger
 from enhydra.runner.batch import Out, PartitionWrite
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
 
 log = get_logger("enhydra.checkpoint")
+
+MAX_BATCH_SIZE = 256 * 1024
+ABORT_TIMEOUT_S = 30.0  # an abort that takes longer leaves the transaction's outcome unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +69,6 @@ class Written:
     partition: int
     changelog_offset: int | None  # the last changelog record written, if any
     input_offset: int
-
-
-class OutputTooLargeForBatch(ValueError):
-    """A single record does not fit an empty producer batch (max_batch_size)."""
 
 
 class StaleBatch(RuntimeError):
@@ -111,6 +118,8 @@ def _settle(future: asyncio.Future[None], error: BaseException | None = None) ->
 
 
 class Checkpoint(Protocol):
+    max_record_bytes: int  # known once started (record_limit)
+
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def open_task(self, partition: int) -> None: ...
@@ -132,13 +141,23 @@ class Checkpoint(Protocol):
     async def commit(self, force: bool = False) -> None: ...
 
 
-def _producer_settings(settings: Settings) -> dict:
+def _producer_settings(settings: Settings, max_record_bytes: int = MAX_REQUEST_SIZE) -> dict:
     return {
         "acks": "all",
         "enable_idempotence": True,
         "linger_ms": settings.producer_linger_ms,
-        "max_batch_size": 256 * 1024,
+        "max_request_size": MAX_REQUEST_SIZE,
+        # A batch of small records must not outgrow what the topics accept either.
+        "max_batch_size": min(MAX_BATCH_SIZE, max_record_bytes),
     }
+
+
+async def record_limit(settings: Settings, topics: list[str], client_id: str) -> int:
+    """The largest record the broker takes from a batch: the smaller of the producers'
+    max_request_size and the max.message.bytes of every topic written (outputs, changelog,
+    DLQ). The pure step checks each record against it before anything of the batch is sent."""
+    limits = await max_message_bytes(settings.connection, topics, client_id=client_id)
+    return min(MAX_REQUEST_SIZE, *limits.values())
 
 
 async def warm_up(producer: Producer, topics: list[str]) -> None:
@@ -158,8 +177,35 @@ def persist(written: list[tuple[PartitionWrite, int | None]], stores: Mapping[in
     return result
 
 
+def _batches(
+    producer: Producer, items: list[Out], max_bytes: int, now_ms: int
+) -> Iterator[tuple[int, Any, int]]:
+    """One topic-partition's records as closed record batches: (first record's index, batch,
+    record count). A batch holds records while it stays within the producer's max_batch_size
+    and `max_bytes`: a broker refuses a bigger one, however small its records."""
+    capped = max_bytes < MAX_BATCH_SIZE  # else max_batch_size is the tighter bound
+    builder, first, count = producer.create_batch(), 0, 0
+    for index, (key, value, headers) in enumerate(items):
+        headers = headers or []
+        if capped and count and builder.size() + record_size(key, value, headers) > max_bytes:
+            builder.close()
+            yield first, builder, count
+            builder, first, count = producer.create_batch(), index, 0
+        if builder.append(key=key, value=value, timestamp=now_ms, headers=headers) is None:
+            yield first, builder, count  # full at max_batch_size (append closed it)
+            builder, first, count = producer.create_batch(), index, 0
+            # An empty batch takes any one record: the step has checked its size already.
+            builder.append(key=key, value=value, timestamp=now_ms, headers=headers)
+        count += 1
+    if count:
+        builder.close()
+        yield first, builder, count
+
+
 async def send_in_batches(
-    producer: Producer, records: Mapping[tuple[str, int], list[Out]]
+    producer: Producer,
+    records: Mapping[tuple[str, int], list[Out]],
+    max_bytes: int = MAX_REQUEST_SIZE,
 ) -> list[tuple[tuple[str, int], asyncio.Future, int]]:
     """Send records grouped per topic-partition as whole record batches.
 
@@ -169,30 +215,74 @@ async def send_in_batches(
     """
     now_ms = int(time.time() * 1000)
     sent: list[tuple[tuple[str, int], asyncio.Future, int]] = []
-
-    async def flush(tp: tuple[str, int], builder: object, count: int) -> None:
-        builder.close()  # type: ignore[attr-defined]
-        future = await producer.send_batch(builder, tp[0], partition=tp[1])
-        sent.append((tp, future, count))
-
     for tp, items in records.items():
-        builder = producer.create_batch()
-        count = 0
-        for key, value, headers in items:
-            appended = builder.append(key=key, value=value, timestamp=now_ms, headers=headers or [])
-            if appended is None:  # batch full: send it and start another
-                await flush(tp, builder, count)
-                builder = producer.create_batch()
-                count = 0
-                appended = builder.append(
-                    key=key, value=value, timestamp=now_ms, headers=headers or []
-                )
-                if appended is None:
-                    raise OutputTooLargeForBatch(f"a record for {tp[0]} exceeds the batch size")
-            count += 1
-        if count:
-            await flush(tp, builder, count)
+        for _, builder, count in _batches(producer, items, max_bytes, now_ms):
+            sent.append((tp, await producer.send_batch(builder, tp[0], partition=tp[1]), count))
     return sent
+
+
+class Publication:
+    """Records to publish, and how far each topic-partition is acknowledged.
+
+    Calling it sends what is not acknowledged yet and waits for every batch; on an error it
+    raises (the caller retries it) and keeps only the unacknowledged rest, so a retry never
+    sends again a batch the broker has acknowledged. Within one topic-partition the rest starts
+    at its first failed batch: a later batch acknowledged meanwhile goes again with it, since
+    order within a partition (a key's events) matters more than a duplicate, which
+    at-least-once allows. `guard` is asked before every send, retries included.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        records: Mapping[tuple[str, int], list[Out]],
+        *,
+        max_bytes: int = MAX_REQUEST_SIZE,
+        guard: Guard | None = None,
+    ) -> None:
+        self._producer = producer
+        self._max_bytes = max_bytes
+        self._guard = guard or _no_guard
+        self.pending = {tp: list(items) for tp, items in records.items() if items}
+        self.last: dict[int, int] = {}  # partition -> the last offset acknowledged
+
+    async def __call__(self) -> dict[int, int]:
+        self._guard()
+        producer = self._producer
+        now_ms = int(time.time() * 1000)
+        sent: list[tuple[tuple[str, int], int, int, asyncio.Future]] = []
+        failed_at: dict[tuple[str, int], int] = {}  # topic-partition -> first record to resend
+        error: BaseException | None = None
+        for tp, items in self.pending.items():
+            for first, builder, count in _batches(producer, items, self._max_bytes, now_ms):
+                try:
+                    future = await producer.send_batch(builder, tp[0], partition=tp[1])
+                except KafkaError as exc:
+                    failed_at[tp], error = first, _worse(error, exc)
+                    break
+                sent.append((tp, first, count, future))
+        if sent:
+            await asyncio.wait([future for *_, future in sent])
+        for tp, first, count, future in sent:
+            if tp in failed_at and failed_at[tp] <= first:
+                continue  # after a failed batch of its partition: it goes again, in order
+            exc = future.exception()
+            if exc is not None:
+                failed_at[tp], error = first, _worse(error, exc)
+                continue
+            last = future.result().offset + count - 1
+            self.last[tp[1]] = max(self.last.get(tp[1], -1), last)
+        self.pending = {tp: self.pending[tp][first:] for tp, first in failed_at.items()}
+        if error is not None:
+            raise error
+        return self.last
+
+
+def _worse(known: BaseException | None, new: BaseException) -> BaseException:
+    """The error to raise for an attempt: one that no retry cures wins over a transient one."""
+    if known is None or (transient(known) and not transient(new)):
+        return new
+    return known
 
 
 class AtLeastOnce:
@@ -216,11 +306,15 @@ class AtLeastOnce:
         self._interval_s = settings.commit_interval_ms / 1000
         self._pending: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
+        self.client_id = client_id
+        self.max_record_bytes = MAX_REQUEST_SIZE
         self._producer = new_producer(
             settings.connection, client_id=client_id, **_producer_settings(settings)
         )
 
     async def start(self) -> None:
+        topics = [*self.output_topics, self.changelog_topic, self.settings.dlq_topic]
+        self.max_record_bytes = await record_limit(self.settings, topics, self.client_id)
         await start(self._producer, self.settings.connection)
         await warm_up(self._producer, [*self.output_topics, self.changelog_topic])
 
@@ -254,7 +348,6 @@ class AtLeastOnce:
         try:
             if after is not None:
                 await after.published
-            guard()
             outputs = {
                 (topic, write.partition): records
                 for write in batch
@@ -262,8 +355,7 @@ class AtLeastOnce:
                 if records
             }
             flight.sent_at = time.time()
-            if outputs:
-                await self._retrying("publish", self._publish, outputs)
+            await self._publish(outputs, guard)
             flight.published_at = time.time()
             _settle(flight.published)
         except BaseException as exc:
@@ -271,13 +363,14 @@ class AtLeastOnce:
             raise
         if after is not None:
             await after.done
-        guard()  # a zombie never puts an old state into the changelog after the next owner's
         changelog = {
             (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
             for w in batch
             if w.puts
         }
-        last = await self._retrying("publish", self._publish, changelog) if changelog else {}
+        # The guard is asked again: a zombie never puts an old state into the changelog after
+        # the next owner's.
+        last = await self._publish(changelog, guard)
         written = persist([(w, last.get(w.partition)) for w in batch], stores)
         for w in batch:
             if w.last_offset >= 0:
@@ -285,13 +378,17 @@ class AtLeastOnce:
         flight.done_at = time.time()
         return written
 
-    async def _publish(self, records: Mapping[tuple[str, int], list[Out]]) -> dict[int, int]:
-        """Send and wait for the acknowledgements: partition -> the last offset written."""
-        last: dict[int, int] = {}
-        for (_, partition), future, count in await send_in_batches(self._producer, records):
-            meta = await future
-            last[partition] = max(last.get(partition, -1), meta.offset + count - 1)
-        return last
+    async def _publish(
+        self, records: Mapping[tuple[str, int], list[Out]], guard: Guard
+    ) -> dict[int, int]:
+        """Send, retrying only what is not acknowledged; partition -> the last offset written.
+
+        `guard` is asked before every attempt, also when there is nothing to send.
+        """
+        publication = Publication(
+            self._producer, records, max_bytes=self.max_record_bytes, guard=guard
+        )
+        return await self._retrying("publish", publication)
 
     async def commit(self, force: bool = False) -> None:
         """Commit processed input offsets, at most every commit_interval_ms unless forced."""
@@ -308,6 +405,21 @@ class AtLeastOnce:
             # The records will be redelivered to the next owner, which skips what its
             # restored state already reflects: a failed commit costs time, never correctness.
             log.warning("commit failed; records will be redelivered and skipped", error=repr(exc))
+
+
+class TransactionOutcomeUnknown(RuntimeError):
+    """A transaction failed and could not be aborted: it may have committed. Not retried."""
+
+
+async def _abort(producer: Producer, partition: int, error: BaseException) -> None:
+    try:
+        await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
+    except Exception as exc:
+        raise TransactionOutcomeUnknown(
+            f"the transaction of partition {partition} failed ({type(error).__name__}: {error}) "
+            f"and could not be aborted ({type(exc).__name__}): it may have committed, so the "
+            "task stops and its next producer settles it"
+        ) from error
 
 
 class ExactlyOnce:
@@ -331,10 +443,13 @@ class ExactlyOnce:
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
+        self.max_record_bytes = MAX_REQUEST_SIZE
         self._producers: dict[int, Producer] = {}
 
     async def start(self) -> None:
         """Producers are per task; they start when a task becomes active."""
+        topics = [*self.output_topics, self.changelog_topic, self.settings.dlq_topic]
+        self.max_record_bytes = await record_limit(self.settings, topics, self.client_id)
 
     async def stop(self) -> None:
         for partition in list(self._producers):
@@ -348,7 +463,7 @@ class ExactlyOnce:
             self.settings.connection,
             client_id=f"{self.client_id}-p{partition}",
             transactional_id=f"{self.transactional_prefix}{partition}",
-            **_producer_settings(self.settings),
+            **_producer_settings(self.settings, self.max_record_bytes),
         )
         await start(producer, self.settings.connection, doing="start a transactional producer")
         await warm_up(producer, [*self.output_topics, self.changelog_topic])
@@ -376,27 +491,52 @@ class ExactlyOnce:
         stores: Mapping[int, PartitionStore],
         after: Flight | None,
     ) -> list[Written]:
-        """A task's producer runs one transaction at a time: a flight waits for the last one."""
+        """Each partition's transaction is retried alone, and its store written once it commits.
+
+        A task's producer runs one transaction at a time: a flight waits for the last one. A
+        transaction that committed is never run again, whatever happens to the others: its
+        events, changelog records and offsets are in Kafka once, and its store is written at
+        once, so the store never lags what Kafka holds by more than the transaction in hand.
+        The flight fails if any partition fails for good; the ones that committed stay written.
+        """
         try:
             if after is not None:
                 await after.done
             flight.sent_at = time.time()
-            offsets = await self._retrying("publish", self._transactions, batch)
-            flight.published_at = time.time()
+            done = await asyncio.gather(
+                *(self._commit_one(write, stores) for write in batch), return_exceptions=True
+            )
+            for result in done:
+                if isinstance(result, BaseException):
+                    raise result
+            flight.published_at = flight.done_at = time.time()
             _settle(flight.published)
         except BaseException as exc:
             _settle(flight.published, exc)
             raise
-        written = persist(list(zip(batch, offsets, strict=True)), stores)
-        flight.done_at = time.time()
-        return written
+        return done  # type: ignore[return-value]
 
-    async def _transactions(self, batch: list[PartitionWrite]) -> list[int | None]:
-        return list(await asyncio.gather(*(self._transaction(w) for w in batch)))
+    async def _commit_one(
+        self, write: PartitionWrite, stores: Mapping[int, PartitionStore]
+    ) -> Written:
+        offset = await self._retrying("publish", self._transaction, write)
+        return persist([(write, offset)], stores)[0]
 
     async def _transaction(self, write: PartitionWrite) -> int | None:
+        """One partition's outputs, changelog records and input offset, in one transaction.
+
+        On any failure the transaction is aborted before the error leaves, so running it again
+        is safe. aiokafka aborts only what did not commit: a commit refused before it was sent
+        (an abortable error: a send failed, a leader was down) aborts cleanly; a commit whose
+        outcome the producer does not know (its sender died, the producer was fenced) leaves it
+        in a fatal state where the abort fails too. Then the transaction may have committed and
+        must not run again: TransactionOutcomeUnknown fails the task, and the next producer of
+        the transactional id settles it when it initialises (init_transactions completes or
+        aborts it), before the partition is read again from its committed offset.
+        """
         producer = self._producers[write.partition]
-        async with producer.transaction():
+        await producer.begin_transaction()
+        try:
             for topic, records in write.outputs.items():
                 for key, value, headers in records:
                     await producer.send(
@@ -411,6 +551,12 @@ class ExactlyOnce:
                 await producer.send_offsets_to_transaction(
                     {tp: OffsetAndMetadata(write.last_offset + 1, "")}, self.group_id
                 )
+            await producer.commit_transaction()
+        except asyncio.CancelledError:
+            raise  # the runner is stopping: the producer is closed, the next one settles it
+        except Exception as exc:
+            await _abort(producer, write.partition, exc)
+            raise
         if not futures:
             return None
         return max(m.offset for m in await asyncio.gather(*futures))

@@ -182,6 +182,8 @@ class TaskRunner:
         checkpoint = self._new_checkpoint()
         reader = ChangelogReader(s, self.changelog_topic, self._on_restored)
         await checkpoint.start()
+        if hasattr(self.step, "max_record_bytes"):  # it checks each record against the limit
+            self.step.max_record_bytes = checkpoint.max_record_bytes  # type: ignore[attr-defined]
         await reader.start()  # fetches end offsets first: the join reports real lags
         options: dict[str, Any] = {}
         if self.assignment_config is not None:
