@@ -16,6 +16,10 @@ at_least_once: one idempotent producer. Outputs are acknowledged before the chan
 are sent, so a changelog entry (which marks its input as applied) never exists for a record
 whose outputs were lost; a crash in between duplicates outputs, never state. Input offsets are
 committed at most every `commit_interval_ms` (a late commit costs only skipped redeliveries).
+Nothing fences a previous owner cut off from the brokers, so: no changelog record is sent
+unless the group confirmed this member less than half a session timeout ago (kafka/liveness.py),
+and every changelog record carries the owner's epoch, so a batch that still lands late is
+skipped by readers and repaired by the current owner (runner/fencing.py).
 
 exactly_once: Kafka transactions, one transactional producer per task whose id is derived from
 the runner's prefix and the partition, so the next owner of a partition fences a zombie previous
@@ -42,9 +46,13 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from enhydra.contracts.headers import epoch_headers
 from enhydra.kafka.clients import Producer, close, new_producer, start
+from enhydra.kafka.liveness import GroupLiveness
+from enhydra.kafka.reading import ReadStalled, read_spans
 from enhydra.logs import get_logger
 from enhydra.runner.batch import Out, PartitionWrite
+from enhydra.runner.fencing import Range, gaps, next_epoch, stale_keys
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
 
@@ -147,12 +155,19 @@ async def warm_up(producer: Producer, topics: list[str]) -> None:
         await producer.partitions_for(topic)
 
 
-def persist(written: list[tuple[PartitionWrite, int | None]], stores: Mapping[int, PartitionStore]):
-    """Step 2: the entries and both offsets, one WriteBatch per partition."""
+def persist(
+    written: list[tuple[PartitionWrite, int | None]],
+    stores: Mapping[int, PartitionStore],
+    epochs: Mapping[int, int] | None = None,
+):
+    """Step 2: the entries and both offsets (and the owner's epoch), one WriteBatch each."""
     result = []
     for write, changelog_offset in written:
         stores[write.partition].write(
-            write.puts, changelog_offset=changelog_offset, input_offset=write.last_offset
+            write.puts,
+            changelog_offset=changelog_offset,
+            input_offset=write.last_offset,
+            owner_epoch=epochs.get(write.partition) if epochs else None,
         )
         result.append(Written(write.partition, changelog_offset, write.last_offset))
     return result
@@ -195,6 +210,29 @@ async def send_in_batches(
     return sent
 
 
+# The membership must have been confirmed within this part of the session timeout for a
+# changelog record to be sent: the rest covers the time the record takes to land.
+FRESH_SESSION_PART = 0.5
+GAP_READ_TIMEOUT_S = 10.0
+
+
+class MembershipLost(StaleBatch):
+    """The group has not confirmed this member recently: it may have lost its tasks."""
+
+
+@dataclass(slots=True)
+class _Owner:
+    """This process as the owner of one changelog partition since the group gave it the task."""
+
+    epoch: int
+    next_offset: int  # where its next record lands if nobody else writes
+    gaps: list[Range] = field(default_factory=list)  # foreign records not yet inspected
+    headers: list[tuple[str, bytes]] = field(init=False)  # on each of its changelog records
+
+    def __post_init__(self) -> None:
+        self.headers = epoch_headers(self.epoch)
+
+
 class AtLeastOnce:
     def __init__(
         self,
@@ -206,8 +244,12 @@ class AtLeastOnce:
         output_topics: list[str],
         commit_offsets: Callable[[dict[TopicPartition, int]], Awaitable[None]],
         retrying: Retrying,
+        group: GroupLiveness | None = None,
     ) -> None:
         self.settings = settings
+        self._group = group
+        self._generations: dict[int, int] = {}  # partition -> generation that gave it to us
+        self._owners: dict[int, _Owner] = {}
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
@@ -228,10 +270,16 @@ class AtLeastOnce:
         await close(self._producer)
 
     async def open_task(self, partition: int) -> None:
-        """Nothing per task: one producer serves them all."""
+        """The group (re)gave us the task: its next changelog record starts a new epoch."""
+        if self._group is not None:
+            self._group.assigned()
+        generation = self._group.generation() if self._group is not None else 0
+        self._generations[partition] = generation
+        self._owners.pop(partition, None)
 
     async def close_task(self, partition: int) -> None:
-        """Nothing per task: one producer serves them all."""
+        self._generations.pop(partition, None)
+        self._owners.pop(partition, None)
 
     def begin(
         self,
@@ -272,18 +320,124 @@ class AtLeastOnce:
         if after is not None:
             await after.done
         guard()  # a zombie never puts an old state into the changelog after the next owner's
+        owners = {w.partition: self._owner(w.partition, stores[w.partition]) for w in batch}
         changelog = {
-            (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
+            (self.changelog_topic, w.partition): [
+                (k, v, owners[w.partition].headers) for k, v in w.puts
+            ]
             for w in batch
             if w.puts
         }
-        last = await self._retrying("publish", self._publish, changelog) if changelog else {}
-        written = persist([(w, last.get(w.partition)) for w in batch], stores)
+        if changelog:
+            await self._check_membership()
+        last = await self._send_changelog(changelog, owners) if changelog else {}
+        epochs = {p: owner.epoch for p, owner in owners.items()}
+        written = persist([(w, last.get(w.partition)) for w in batch], stores, epochs)
+        await self._repair(owners, stores)
         for w in batch:
             if w.last_offset >= 0:
                 self._pending[TopicPartition(self.input_topic, w.partition)] = w.last_offset + 1
         flight.done_at = time.time()
         return written
+
+    def _owner(self, partition: int, store: PartitionStore) -> _Owner:
+        """This task's owner state; the first batch after the task was given picks the epoch
+        (the store is restored by then: it applied every epoch the changelog held)."""
+        owner = self._owners.get(partition)
+        if owner is None:
+            epoch = next_epoch(store.owner_epoch, self._generations.get(partition, 0))
+            owner = _Owner(epoch, store.changelog_offset + 1)
+            self._owners[partition] = owner
+        return owner
+
+    async def _check_membership(self) -> None:
+        """Raise MembershipLost when the group may have given this member's tasks away."""
+        if self._group is None:
+            return
+        session_s = self.settings.session_timeout_ms / 1000
+        wait_s = 2 * self.settings.heartbeat_interval_ms / 1000
+        if not await self._group.confirmed_within(session_s * FRESH_SESSION_PART, wait_s):
+            raise MembershipLost(
+                f"no heartbeat confirmed for {self._group.age():.1f}s: the tasks may be "
+                "another member's now"
+            )
+
+    async def _send_changelog(
+        self, records: Mapping[tuple[str, int], list[Out]], owners: Mapping[int, _Owner]
+    ) -> dict[int, int]:
+        """Publish changelog records; note foreign records found between them per owner."""
+        spans = await self._retrying("publish", self._publish_spans, records)
+        last: dict[int, int] = {}
+        for partition, ranges in spans.items():
+            owner = owners[partition]
+            found, owner.next_offset = gaps(owner.next_offset, ranges)
+            owner.gaps += found
+            last[partition] = owner.next_offset - 1
+        return last
+
+    async def _publish_spans(
+        self, records: Mapping[tuple[str, int], list[Out]]
+    ) -> dict[int, list[Range]]:
+        """Send and wait for the acknowledgements: partition -> the [start, end) offsets the
+        broker gave each record batch."""
+        spans: dict[int, list[Range]] = {}
+        for (_, partition), future, count in await send_in_batches(self._producer, records):
+            meta = await future
+            spans.setdefault(partition, []).append((meta.offset, meta.offset + count))
+        return spans
+
+    async def _repair(self, owners: Mapping[int, _Owner], stores: Mapping[int, PartitionStore]):
+        """Write the current value again for every key an older owner wrote between ours.
+
+        Readers skip such a record already; this makes the newest state the key's last record
+        again, the one compaction keeps. A gap that cannot be read now is read next batch.
+        """
+        pending = {p: owner for p, owner in owners.items() if owner.gaps}
+        if not pending:
+            return
+        spans = {p: (o.gaps[0][0], o.gaps[-1][1]) for p, o in pending.items()}
+        try:
+            found = await read_spans(
+                self.settings.connection,
+                self.changelog_topic,
+                spans,
+                stall_timeout_s=GAP_READ_TIMEOUT_S,
+            )
+        except (KafkaError, ReadStalled) as exc:
+            log.warning("could not read foreign changelog records yet", error=repr(exc))
+            return
+        repairs: dict[tuple[str, int], list[Out]] = {}
+        for partition, owner in pending.items():
+            inside = [
+                r
+                for r in found.get(partition, ())
+                if any(start <= r.offset < end for start, end in owner.gaps)
+            ]
+            owner.gaps = []
+            keys = stale_keys(inside, owner.epoch)
+            if not keys:
+                continue  # our own records sent twice by a retried publish
+            log.warning(
+                "a previous owner's changelog records landed after ours; writing the "
+                "current values again",
+                changelog=self.changelog_topic,
+                partition=partition,
+                keys=len(keys),
+                epoch=owner.epoch,
+            )
+            values = stores[partition].get_many(keys)
+            repairs[(self.changelog_topic, partition)] = [
+                (k, v, owner.headers) for k, v in zip(keys, values, strict=True)
+            ]
+        if not repairs:
+            return
+        last = await self._send_changelog(repairs, owners)
+        for (_, partition), records in repairs.items():
+            stores[partition].write(
+                [(k, v) for k, v, _ in records],
+                changelog_offset=last[partition],
+                owner_epoch=owners[partition].epoch,
+            )
 
     async def _publish(self, records: Mapping[tuple[str, int], list[Out]]) -> dict[int, int]:
         """Send and wait for the acknowledgements: partition -> the last offset written."""

@@ -1,0 +1,74 @@
+"""At-least-once: a cut-off owner's late changelog write never replaces a newer state.
+
+The fault without the network cut: the previous owner's last changelog records are produced
+again, as its producer would deliver them once the network heals, after the next owner wrote
+newer entries for the same keys. Real broker, real processes, real RocksDB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from enhydra.contracts.codec import decode_entry
+from enhydra.contracts.partitioner import partition_for
+from enhydra.kafka.clients import open_producer
+from enhydra.testing.processes import read_topic
+from ledger.workload import generate, model
+from tests.integration.ledger_support import feed, read_accounts
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TARGET = "ledger.service:service"
+PARTITIONS = 4
+
+
+def last_per_key(bootstrap: str, topic: str) -> dict[bytes, object]:
+    return {r.key: r for r in asyncio.run(read_topic(bootstrap, topic))}
+
+
+async def land_late(bootstrap: str, topic: str, records: list) -> None:
+    """What the cut-off owner's producer delivers once its network heals."""
+    async with open_producer(bootstrap, acks="all") as producer:
+        for r in records:
+            await producer.send_and_wait(
+                topic, r.value, key=r.key, partition=r.partition, headers=list(r.headers)
+            )
+
+
+def test_a_late_write_of_a_previous_owner_is_skipped_on_restore_and_repaired(
+    service_factory, kafka_bootstrap, app_id
+):
+    env = {"ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN": "true"}
+    changelog = f"{app_id}-accounts-changelog"
+    commands = generate(40, 800, seed=41)
+    first, second = commands[:400], commands[400:]
+    # Commands of other accounts only: the owner writes in every partition again, never
+    # the keys the zombie wrote.
+    later = generate(24, 60, seed=43, prefix="later")
+    assert {partition_for(k.encode(), PARTITIONS) for k, _ in later} == set(range(PARTITIONS))
+
+    one = service_factory(TARGET, "one", extra_env=env, partitions=PARTITIONS)
+    one.wait_ready()
+    feed(kafka_bootstrap, app_id, first)
+    one.stop()  # the previous owner; its last entries are what it would deliver late
+    old = last_per_key(kafka_bootstrap, changelog)
+
+    two = service_factory(TARGET, "two", extra_env=env, partitions=PARTITIONS)
+    two.wait_ready()
+    feed(kafka_bootstrap, app_id, second)
+    newer = last_per_key(kafka_bootstrap, changelog)
+    zombie = [r for key, r in old.items() if newer[key].offset > r.offset]
+    assert len(zombie) > 10
+    asyncio.run(land_late(kafka_bootstrap, changelog, zombie))
+    feed(kafka_bootstrap, app_id, later)
+    two.stop()
+
+    expected = model(commands + later)
+    three = service_factory(TARGET, "three", extra_env=env, partitions=PARTITIONS)
+    three.wait_ready()  # a fresh instance: restores every partition from the changelog
+    assert read_accounts([three], sorted(expected)) == expected
+    last = last_per_key(kafka_bootstrap, changelog)
+    states = {key.decode(): decode_entry(r.value).state for key, r in last.items() if r.value}
+    assert states == expected, "the last record per key is not the newest state"
