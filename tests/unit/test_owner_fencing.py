@@ -173,7 +173,9 @@ async def nothing(offsets: Any) -> None:
     pass
 
 
-def owner(monkeypatch: pytest.MonkeyPatch, logs: dict, group: FakeGroup) -> AtLeastOnce:
+def owner(
+    monkeypatch: pytest.MonkeyPatch, logs: dict, group: FakeGroup, ends: Any = None
+) -> AtLeastOnce:
     monkeypatch.setattr(checkpoint, "new_producer", lambda *a, **k: FakeProducer(logs))
 
     async def read_spans(conn, topic, spans, *, stall_timeout_s):
@@ -189,6 +191,7 @@ def owner(monkeypatch: pytest.MonkeyPatch, logs: dict, group: FakeGroup) -> AtLe
         commit_offsets=nothing,
         retrying=no_retries,
         group=group,  # type: ignore[arg-type]
+        changelog_ends=ends,
     )
 
 
@@ -233,6 +236,25 @@ async def test_the_owner_writes_the_current_value_again_after_a_late_older_write
     }
     store.close()
     fresh.close()
+
+
+async def test_a_late_write_into_a_partition_nobody_writes_to_now_is_repaired_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs: dict[tuple[str, int], list[Record]] = {}
+    store = PartitionStore(tmp_path / "0")
+    ckpt = owner(monkeypatch, logs, FakeGroup(generation=5), ends=lambda: {0: len(log)})
+    await ckpt.open_task(0)
+    await fly(ckpt, store, [(b"a", b"a-new")], 3)
+    log = logs[(TOPIC, 0)]
+    await ckpt.commit()
+    assert len(log) == 1  # nothing foreign: nothing written
+    log.append(written(len(log), b"a", b"a-old", 4))  # lands after our last batch
+    monkeypatch.setattr(checkpoint, "IDLE_CHECK_EVERY_S", 0.0)
+    await ckpt.commit()
+    assert last_per_key(log) == {b"a": (b"a-new", 5)}
+    assert store.changelog_offset == len(log) - 1
+    store.close()
 
 
 async def test_no_changelog_record_is_sent_while_the_membership_is_unconfirmed(

@@ -214,6 +214,7 @@ async def send_in_batches(
 # changelog record to be sent: the rest covers the time the record takes to land.
 FRESH_SESSION_PART = 0.5
 GAP_READ_TIMEOUT_S = 10.0
+IDLE_CHECK_EVERY_S = 2.0  # how often a partition nobody writes to now is checked for late writes
 
 
 class MembershipLost(StaleBatch):
@@ -225,6 +226,7 @@ class _Owner:
     """This process as the owner of one changelog partition since the group gave it the task."""
 
     epoch: int
+    store: PartitionStore
     next_offset: int  # where its next record lands if nobody else writes
     gaps: list[Range] = field(default_factory=list)  # foreign records not yet inspected
     headers: list[tuple[str, bytes]] = field(init=False)  # on each of its changelog records
@@ -245,11 +247,15 @@ class AtLeastOnce:
         commit_offsets: Callable[[dict[TopicPartition, int]], Awaitable[None]],
         retrying: Retrying,
         group: GroupLiveness | None = None,
+        changelog_ends: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         self.settings = settings
         self._group = group
         self._generations: dict[int, int] = {}  # partition -> generation that gave it to us
         self._owners: dict[int, _Owner] = {}
+        self._changelog_ends = changelog_ends  # recent end offsets of the changelog
+        self._flying = 0
+        self._last_idle_check = 0.0
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
@@ -288,7 +294,13 @@ class AtLeastOnce:
         after: Flight | None,
         guard: Guard = _no_guard,
     ) -> Flight:
-        return _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+        flight = _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+        self._flying += 1
+        flight.done.add_done_callback(self._landed)
+        return flight
+
+    def _landed(self, _: asyncio.Task) -> None:
+        self._flying -= 1
 
     async def _fly(
         self,
@@ -333,7 +345,7 @@ class AtLeastOnce:
         last = await self._send_changelog(changelog, owners) if changelog else {}
         epochs = {p: owner.epoch for p, owner in owners.items()}
         written = persist([(w, last.get(w.partition)) for w in batch], stores, epochs)
-        await self._repair(owners, stores)
+        await self._repair(owners)
         for w in batch:
             if w.last_offset >= 0:
                 self._pending[TopicPartition(self.input_topic, w.partition)] = w.last_offset + 1
@@ -346,17 +358,22 @@ class AtLeastOnce:
         owner = self._owners.get(partition)
         if owner is None:
             epoch = next_epoch(store.owner_epoch, self._generations.get(partition, 0))
-            owner = _Owner(epoch, store.changelog_offset + 1)
+            owner = _Owner(epoch, store, store.changelog_offset + 1)
             self._owners[partition] = owner
         return owner
 
-    async def _check_membership(self) -> None:
-        """Raise MembershipLost when the group may have given this member's tasks away."""
+    async def _confirmed(self) -> bool:
+        """Whether the group still counts this member (waiting a little for a heartbeat)."""
         if self._group is None:
-            return
+            return True
         session_s = self.settings.session_timeout_ms / 1000
         wait_s = 2 * self.settings.heartbeat_interval_ms / 1000
-        if not await self._group.confirmed_within(session_s * FRESH_SESSION_PART, wait_s):
+        return await self._group.confirmed_within(session_s * FRESH_SESSION_PART, wait_s)
+
+    async def _check_membership(self) -> None:
+        """Raise MembershipLost when the group may have given this member's tasks away."""
+        if not await self._confirmed():
+            assert self._group is not None
             raise MembershipLost(
                 f"no heartbeat confirmed for {self._group.age():.1f}s: the tasks may be "
                 "another member's now"
@@ -386,14 +403,35 @@ class AtLeastOnce:
             spans.setdefault(partition, []).append((meta.offset, meta.offset + count))
         return spans
 
-    async def _repair(self, owners: Mapping[int, _Owner], stores: Mapping[int, PartitionStore]):
+    async def _check_idle(self) -> None:
+        """Look for late writes in partitions that nobody writes to now.
+
+        With no flight in the air, every record this process wrote lies before its owners'
+        `next_offset`: a changelog end beyond it means someone else wrote since.
+        """
+        now = time.monotonic()
+        if self._flying or self._changelog_ends is None:
+            return
+        if now - self._last_idle_check < IDLE_CHECK_EVERY_S:
+            return
+        self._last_idle_check = now
+        ends = self._changelog_ends()
+        for partition, owner in self._owners.items():
+            end = ends.get(partition)
+            if end is not None and end > owner.next_offset:
+                owner.gaps.append((owner.next_offset, end))
+                owner.next_offset = end
+        await self._repair(self._owners)
+
+    async def _repair(self, owners: Mapping[int, _Owner]) -> None:
         """Write the current value again for every key an older owner wrote between ours.
 
         Readers skip such a record already; this makes the newest state the key's last record
-        again, the one compaction keeps. A gap that cannot be read now is read next batch.
+        again, the one compaction keeps. A gap that cannot be read (or written) now is tried
+        again after the next batch, or when the runner next loops if the partition is idle.
         """
         pending = {p: owner for p, owner in owners.items() if owner.gaps}
-        if not pending:
+        if not pending or not await self._confirmed():
             return
         spans = {p: (o.gaps[0][0], o.gaps[-1][1]) for p, o in pending.items()}
         try:
@@ -425,7 +463,7 @@ class AtLeastOnce:
                 keys=len(keys),
                 epoch=owner.epoch,
             )
-            values = stores[partition].get_many(keys)
+            values = owner.store.get_many(keys)
             repairs[(self.changelog_topic, partition)] = [
                 (k, v, owner.headers) for k, v in zip(keys, values, strict=True)
             ]
@@ -433,7 +471,7 @@ class AtLeastOnce:
             return
         last = await self._send_changelog(repairs, owners)
         for (_, partition), records in repairs.items():
-            stores[partition].write(
+            owners[partition].store.write(
                 [(k, v) for k, v, _ in records],
                 changelog_offset=last[partition],
                 owner_epoch=owners[partition].epoch,
@@ -448,7 +486,11 @@ class AtLeastOnce:
         return last
 
     async def commit(self, force: bool = False) -> None:
-        """Commit processed input offsets, at most every commit_interval_ms unless forced."""
+        """Commit processed input offsets, at most every commit_interval_ms unless forced.
+
+        Called whenever the runner loops: idle partitions are checked for late writes too.
+        """
+        await self._check_idle()
         if not self._pending:
             return
         now = time.monotonic()

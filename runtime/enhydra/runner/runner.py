@@ -243,6 +243,7 @@ class TaskRunner:
             commit_offsets=self._commit_offsets,
             retrying=self._retrying,
             group=GroupLiveness(lambda: self._consumer),
+            changelog_ends=lambda: self._reader.end_offsets if self._reader else {},
         )
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
