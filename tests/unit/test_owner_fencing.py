@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enhydra.contracts.headers import epoch_headers, record_epoch
 from enhydra.kafka.liveness import GroupLiveness
@@ -64,6 +66,48 @@ def test_gaps_are_the_offsets_between_an_owners_batches() -> None:
     assert gaps(5, [(9, 12), (6, 8)]) == ([(5, 6), (8, 9)], 12)
     records = [written(6, b"a", b"x", 4), written(7, b"b", b"x", 5), written(8, b"a", b"y", 4)]
     assert stale_keys(records, 5) == [b"a"]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[Record], dict[bytes, bytes]]:
+    """Owners of rising epochs write in turn (each at least once); writes an earlier owner had
+    handed over before it was cut off land among a later owner's."""
+    keys = st.sampled_from([b"a", b"b", b"c", b"d"])
+    log: list[tuple[bytes, bytes, int]] = []
+    truth: dict[bytes, bytes] = {}
+    late: list[tuple[bytes, bytes, int]] = []
+    for epoch in range(1, draw(st.integers(2, 5)) + 1):
+        for key in draw(st.lists(keys, min_size=1, max_size=4)):
+            value = b"%s-%d-%d" % (key, epoch, len(log))
+            log.append((key, value, epoch))
+            truth[key] = value
+            if late and draw(st.booleans()):
+                log.append(late.pop(draw(st.integers(0, len(late) - 1))))
+        late += [(k, b"late-%d" % epoch, epoch) for k in draw(st.lists(keys, max_size=3))]
+    return [written(i, k, v, e) for i, (k, v, e) in enumerate(log)], truth
+
+
+@given(histories())
+def test_admit_keeps_exactly_the_writes_of_current_owners(history) -> None:
+    records, truth = history
+    state: dict[bytes, bytes | None] = {}
+    for key, value in admit(records, -1).puts:
+        state[key] = value
+    assert state == truth
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 4)), max_size=12), st.integers(0, 50))
+def test_gaps_are_exactly_the_foreign_offsets(runs, start) -> None:
+    ours, foreign, offset = [], set(), start
+    for mine, length in runs:
+        if mine:
+            ours.append((offset, offset + length))
+        else:
+            foreign.update(range(offset, offset + length))
+        offset += length
+    found, expected = gaps(start, ours)
+    assert {o for a, b in found for o in range(a, b)} == {o for o in foreign if o < expected}
+    assert expected == (max(b for _, b in ours) if ours else start)
 
 
 # restore and standbys ----------------------------------------------------------------------
