@@ -11,15 +11,18 @@ import asyncio
 import time
 
 import pytest
+from aiokafka import ConsumerRebalanceListener
 
 from enhydra.contracts.codec import decode_entry
 from enhydra.contracts.partitioner import partition_for
-from enhydra.kafka.clients import open_producer
+from enhydra.kafka.clients import close, new_consumer, open_producer, start
+from enhydra.kafka.liveness import GroupLiveness
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.testing.processes import read_topic
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed, read_accounts
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 TARGET = "ledger.service:service"
 PARTITIONS = 4
@@ -44,6 +47,7 @@ async def land_late(bootstrap: str, topic: str, records: list) -> None:
             )
 
 
+@pytest.mark.slow
 def test_a_late_write_of_a_previous_owner_is_skipped_on_restore_and_repaired(
     service_factory, kafka_bootstrap, app_id
 ):
@@ -84,3 +88,36 @@ def test_a_late_write_of_a_previous_owner_is_skipped_on_restore_and_repaired(
     three.wait_ready()  # a fresh instance: restores every partition from the changelog
     assert read_accounts([three], sorted(expected)) == expected
     assert newest_states(kafka_bootstrap, changelog) == expected, "last records are stale"
+
+
+async def test_heartbeats_of_a_real_group_member_confirm_its_membership(kafka_bootstrap, app_id):
+    """aiokafka's heartbeat call is the one GroupLiveness times: a version that renames it
+    must fail here, not leave every at-least-once batch unconfirmed."""
+    topic = f"{app_id}-input"
+    await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1)])
+    consumer = new_consumer(
+        kafka_bootstrap, group_id=app_id, session_timeout_ms=6000, heartbeat_interval_ms=200
+    )
+    group = GroupLiveness(lambda: consumer)
+    assigned = asyncio.Event()
+
+    class Listener(ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked) -> None:
+            pass
+
+        async def on_partitions_assigned(self, partitions) -> None:
+            group.assigned()
+            assigned.set()
+
+    consumer.subscribe([topic], listener=Listener())
+    await start(consumer, kafka_bootstrap)
+    try:
+        while not assigned.is_set():
+            await consumer.getmany(timeout_ms=100)
+        joined_at = group.confirmed
+        assert group.generation() >= 1
+        await asyncio.sleep(1.0)
+        assert group.confirmed > joined_at, "no heartbeat was timed"
+        assert await group.confirmed_within(0.5, wait_s=0)
+    finally:
+        await close(consumer)
