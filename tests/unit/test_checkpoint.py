@@ -117,8 +117,10 @@ class FakeStore:
     def __init__(self, log: list) -> None:
         self.log = log  # shared by the stores of a test: the order of writes across partitions
         self.writes: list[tuple] = []
+        self.owner_epoch = 0
+        self.changelog_offset = -1
 
-    def write(self, puts, *, changelog_offset=None, input_offset=None) -> None:
+    def write(self, puts, *, changelog_offset=None, input_offset=None, owner_epoch=None) -> None:
         self.writes.append((list(puts), changelog_offset, input_offset))
         self.log.append((self, input_offset))
 

@@ -9,6 +9,12 @@
 - `enhydra.event_version`: the version of the event's shape (its type's current version when
   it was written; an event without it predates versions and is version 1), which tells the
   readers which upcasters to chain before `apply` (evolution.py).
+
+On every changelog record written under at-least-once:
+- `enhydra.owner_epoch`: the epoch of the task owner that wrote it. Each new owner of a
+  partition writes with a higher epoch than every owner before it, so a record of a lower
+  epoch that lands after a higher one is a cut-off previous owner's late write: readers skip
+  it (runner/fencing.py). A record without it claims nothing and is always applied.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ COMMAND_ID_HEADER = "enhydra.command_id"
 COMMAND_OFFSET_HEADER = "enhydra.command_offset"
 EVENT_INDEX_HEADER = "enhydra.event_index"
 EVENT_VERSION_HEADER = "enhydra.event_version"
+OWNER_EPOCH_HEADER = "enhydra.owner_epoch"
 
 # The index header of the positions commands commonly reach, built once (the hot path).
 _INDEX = [(EVENT_INDEX_HEADER, b"%d" % i) for i in range(16)]
@@ -90,3 +97,19 @@ def event_source(headers: Iterable[tuple[str, bytes]] | None) -> Source | None:
         return int(offset), int(index)
     except ValueError:
         return None
+
+
+def epoch_headers(epoch: int) -> list[tuple[str, bytes]]:
+    """The headers of a changelog record written by the owner of epoch `epoch`."""
+    return [(OWNER_EPOCH_HEADER, b"%d" % epoch)]
+
+
+def record_epoch(headers: Iterable[tuple[str, bytes]] | None) -> int | None:
+    """The owner epoch a changelog record carries, or None (it claims none)."""
+    for name, value in headers or ():
+        if name == OWNER_EPOCH_HEADER:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

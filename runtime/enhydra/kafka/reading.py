@@ -144,3 +144,15 @@ async def end_offsets(conn: Connection | str, topic: str) -> dict[int, int]:
             return (await offsets(consumer, topic))[1]
         except TopicMissing:
             return {}
+
+
+async def read_spans(
+    conn: Connection | str, topic: str, ranges: Mapping[int, Range], *, stall_timeout_s: float
+) -> dict[int, list[Any]]:
+    """The records of each partition's range [start, end), read once with a fresh consumer."""
+    found: dict[int, list[Any]] = {}
+    async with open_consumer(conn, isolation_level="read_committed") as consumer:
+        reading = read_ranges(consumer, topic, ranges, stall_timeout_s=stall_timeout_s)
+        async for partition, records in reading:
+            found.setdefault(partition, []).extend(records)
+    return found

@@ -9,6 +9,9 @@ A store opened from disk is checked once against the changelog before anything i
 it: a copy of another history of the changelog (deleted and recreated by a reset or a snapshot
 restore while this volume was kept) is wiped and restored from scratch, whether the new
 changelog is shorter than its checkpoint or has grown past it.
+
+Under at-least-once, a record a cut-off previous owner wrote after a newer owner's records
+(a lower owner epoch, runner/fencing.py) is skipped, by restores and standbys alike.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from enhydra.kafka.clients import close, new_consumer, start
 from enhydra.kafka.errors import transient
 from enhydra.kafka.reading import partitions_of
 from enhydra.logs import get_logger
+from enhydra.runner.fencing import admit
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore, record_digest
 
@@ -297,9 +301,7 @@ class ChangelogReader:
                 records = [r for r in records if r.offset < pair[1].target]
                 if not records:
                     continue
-            copy.store.write(
-                ((r.key, r.value) for r in records), changelog_offset=records[-1].offset
-            )
+            self._apply(copy, tp.partition, records)
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
                 self.end_offsets[tp.partition] = max(
@@ -307,6 +309,26 @@ class ChangelogReader:
                 )
             if pair is not None:
                 pair[1].restored += len(records)
+
+    def _apply(self, copy: Copy, partition: int, records: list) -> None:
+        """Write the records to the copy, skipping a cut-off previous owner's late writes."""
+        store = copy.store
+        admitted = admit(records, store.owner_epoch)
+        puts, last = admitted.puts, records[-1].offset
+        epoch = admitted.epoch if admitted.epoch >= 0 else None
+        if admitted.skipped:
+            log.warning(
+                "skipped changelog records a previous owner wrote after a newer owner's",
+                changelog=self.topic,
+                partition=partition,
+                records=admitted.skipped,
+                epoch=admitted.epoch,
+            )
+        if admitted.last is not None and admitted.last != last:
+            # The store marks its last record by offset and content: the last applied one.
+            store.write(puts, changelog_offset=admitted.last, owner_epoch=epoch)
+            puts = []
+        store.write(puts, changelog_offset=last, owner_epoch=epoch)
 
     async def _finish_restores(self) -> None:
         for partition, (copy, progress) in list(self._restoring.items()):

@@ -17,6 +17,10 @@ are sent, so a changelog entry (which marks its input as applied) never exists f
 whose outputs were lost; a crash in between duplicates outputs, never state. Input offsets are
 committed at most every `commit_interval_ms` (a late commit costs only skipped redeliveries).
 A transient error is retried for what the broker has not acknowledged only (`Publication`).
+Nothing fences a previous owner cut off from the brokers, so: no changelog record is sent
+unless the group confirmed this member less than half a session timeout ago (kafka/liveness.py),
+and every changelog record carries the owner's epoch, so a batch that still lands late is
+skipped by readers and repaired by the current owner (runner/fencing.py).
 
 exactly_once: Kafka transactions, one transactional producer per task whose id is derived from
 the runner's prefix and the partition, so the next owner of a partition fences a zombie previous
@@ -47,12 +51,16 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from enhydra.contracts.headers import epoch_headers
 from enhydra.contracts.sizes import MAX_REQUEST_SIZE, record_size
 from enhydra.kafka.clients import Producer, close, new_producer, start
 from enhydra.kafka.errors import transient
+from enhydra.kafka.liveness import GroupLiveness
+from enhydra.kafka.reading import ReadStalled, read_spans
 from enhydra.kafka.topics import max_message_bytes
 from enhydra.logs import get_logger
 from enhydra.runner.batch import Out, PartitionWrite
+from enhydra.runner.fencing import Range, gaps, next_epoch, stale_keys
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
 
@@ -166,12 +174,19 @@ async def warm_up(producer: Producer, topics: list[str]) -> None:
         await producer.partitions_for(topic)
 
 
-def persist(written: list[tuple[PartitionWrite, int | None]], stores: Mapping[int, PartitionStore]):
-    """Step 2: the entries and both offsets, one WriteBatch per partition."""
+def persist(
+    written: list[tuple[PartitionWrite, int | None]],
+    stores: Mapping[int, PartitionStore],
+    epochs: Mapping[int, int] | None = None,
+):
+    """Step 2: the entries and both offsets (and the owner's epoch), one WriteBatch each."""
     result = []
     for write, changelog_offset in written:
         stores[write.partition].write(
-            write.puts, changelog_offset=changelog_offset, input_offset=write.last_offset
+            write.puts,
+            changelog_offset=changelog_offset,
+            input_offset=write.last_offset,
+            owner_epoch=epochs.get(write.partition) if epochs else None,
         )
         result.append(Written(write.partition, changelog_offset, write.last_offset))
     return result
@@ -245,6 +260,7 @@ class Publication:
         self._guard = guard or _no_guard
         self.pending = {tp: list(items) for tp, items in records.items() if items}
         self.last: dict[int, int] = {}  # partition -> the last offset acknowledged
+        self.spans: dict[int, list[Range]] = {}  # partition -> [start, end) of each batch
 
     async def __call__(self) -> dict[int, int]:
         self._guard()
@@ -270,8 +286,9 @@ class Publication:
             if exc is not None:
                 failed_at[tp], error = first, _worse(error, exc)
                 continue
-            last = future.result().offset + count - 1
-            self.last[tp[1]] = max(self.last.get(tp[1], -1), last)
+            base = future.result().offset
+            self.spans.setdefault(tp[1], []).append((base, base + count))
+            self.last[tp[1]] = max(self.last.get(tp[1], -1), base + count - 1)
         self.pending = {tp: self.pending[tp][first:] for tp, first in failed_at.items()}
         if error is not None:
             raise error
@@ -285,6 +302,31 @@ def _worse(known: BaseException | None, new: BaseException) -> BaseException:
     return known
 
 
+# The membership must have been confirmed within this part of the session timeout for a
+# changelog record to be sent: the rest covers the time the record takes to land.
+FRESH_SESSION_PART = 0.5
+GAP_READ_TIMEOUT_S = 10.0
+IDLE_CHECK_EVERY_S = 2.0  # how often a partition nobody writes to now is checked for late writes
+
+
+class MembershipLost(StaleBatch):
+    """The group has not confirmed this member recently: it may have lost its tasks."""
+
+
+@dataclass(slots=True)
+class _Owner:
+    """This process as the owner of one changelog partition since the group gave it the task."""
+
+    epoch: int
+    store: PartitionStore
+    next_offset: int  # where its next record lands if nobody else writes
+    gaps: list[Range] = field(default_factory=list)  # foreign records not yet inspected
+    headers: list[tuple[str, bytes]] = field(init=False)  # on each of its changelog records
+
+    def __post_init__(self) -> None:
+        self.headers = epoch_headers(self.epoch)
+
+
 class AtLeastOnce:
     def __init__(
         self,
@@ -296,8 +338,16 @@ class AtLeastOnce:
         output_topics: list[str],
         commit_offsets: Callable[[dict[TopicPartition, int]], Awaitable[None]],
         retrying: Retrying,
+        group: GroupLiveness | None = None,
+        changelog_ends: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         self.settings = settings
+        self._group = group
+        self._generations: dict[int, int] = {}  # partition -> generation that gave it to us
+        self._owners: dict[int, _Owner] = {}
+        self._changelog_ends = changelog_ends  # recent end offsets of the changelog
+        self._flying = 0
+        self._last_idle_check = 0.0
         self.input_topic = input_topic
         self.changelog_topic = changelog_topic
         self.output_topics = output_topics
@@ -322,10 +372,16 @@ class AtLeastOnce:
         await close(self._producer)
 
     async def open_task(self, partition: int) -> None:
-        """Nothing per task: one producer serves them all."""
+        """The group (re)gave us the task: its next changelog record starts a new epoch."""
+        if self._group is not None:
+            self._group.assigned()
+        generation = self._group.generation() if self._group is not None else 0
+        self._generations[partition] = generation
+        self._owners.pop(partition, None)
 
     async def close_task(self, partition: int) -> None:
-        """Nothing per task: one producer serves them all."""
+        self._generations.pop(partition, None)
+        self._owners.pop(partition, None)
 
     def begin(
         self,
@@ -334,7 +390,13 @@ class AtLeastOnce:
         after: Flight | None,
         guard: Guard = _no_guard,
     ) -> Flight:
-        return _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+        flight = _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+        self._flying += 1
+        flight.done.add_done_callback(self._landed)
+        return flight
+
+    def _landed(self, _: asyncio.Task) -> None:
+        self._flying -= 1
 
     async def _fly(
         self,
@@ -363,15 +425,23 @@ class AtLeastOnce:
             raise
         if after is not None:
             await after.done
+        # The guard is asked again: a zombie never puts an old state into the changelog after
+        # the next owner's.
+        guard()
+        owners = {w.partition: self._owner(w.partition, stores[w.partition]) for w in batch}
         changelog = {
-            (self.changelog_topic, w.partition): [(k, v, None) for k, v in w.puts]
+            (self.changelog_topic, w.partition): [
+                (k, v, owners[w.partition].headers) for k, v in w.puts
+            ]
             for w in batch
             if w.puts
         }
-        # The guard is asked again: a zombie never puts an old state into the changelog after
-        # the next owner's.
-        last = await self._publish(changelog, guard)
-        written = persist([(w, last.get(w.partition)) for w in batch], stores)
+        if changelog:
+            await self._check_membership()
+        last = await self._send_changelog(changelog, owners, guard) if changelog else {}
+        epochs = {p: owner.epoch for p, owner in owners.items()}
+        written = persist([(w, last.get(w.partition)) for w in batch], stores, epochs)
+        await self._repair(owners)
         for w in batch:
             if w.last_offset >= 0:
                 self._pending[TopicPartition(self.input_topic, w.partition)] = w.last_offset + 1
@@ -390,8 +460,132 @@ class AtLeastOnce:
         )
         return await self._retrying("publish", publication)
 
+    def _owner(self, partition: int, store: PartitionStore) -> _Owner:
+        """This task's owner state; the first batch after the task was given picks the epoch
+        (the store is restored by then: it applied every epoch the changelog held)."""
+        owner = self._owners.get(partition)
+        if owner is None:
+            epoch = next_epoch(store.owner_epoch, self._generations.get(partition, 0))
+            owner = _Owner(epoch, store, store.changelog_offset + 1)
+            self._owners[partition] = owner
+        return owner
+
+    async def _confirmed(self) -> bool:
+        """Whether the group still counts this member (waiting a little for a heartbeat)."""
+        if self._group is None:
+            return True
+        session_s = self.settings.session_timeout_ms / 1000
+        wait_s = 2 * self.settings.heartbeat_interval_ms / 1000
+        return await self._group.confirmed_within(session_s * FRESH_SESSION_PART, wait_s)
+
+    async def _check_membership(self) -> None:
+        """Raise MembershipLost when the group may have given this member's tasks away."""
+        if not await self._confirmed():
+            assert self._group is not None
+            raise MembershipLost(
+                f"no heartbeat confirmed for {self._group.age():.1f}s: the tasks may be "
+                "another member's now"
+            )
+
+    async def _send_changelog(
+        self,
+        records: Mapping[tuple[str, int], list[Out]],
+        owners: Mapping[int, _Owner],
+        guard: Guard = _no_guard,
+    ) -> dict[int, int]:
+        """Publish changelog records; note foreign records found between them per owner."""
+        publication = Publication(
+            self._producer, records, max_bytes=self.max_record_bytes, guard=guard
+        )
+        await self._retrying("publish", publication)
+        last: dict[int, int] = {}
+        for partition, ranges in publication.spans.items():
+            owner = owners[partition]
+            found, owner.next_offset = gaps(owner.next_offset, ranges)
+            owner.gaps += found
+            last[partition] = owner.next_offset - 1
+        return last
+
+    async def _check_idle(self) -> None:
+        """Look for late writes in partitions that nobody writes to now.
+
+        With no flight in the air, every record this process wrote lies before its owners'
+        `next_offset`: a changelog end beyond it means someone else wrote since.
+        """
+        now = time.monotonic()
+        if self._flying or self._changelog_ends is None:
+            return
+        if now - self._last_idle_check < IDLE_CHECK_EVERY_S:
+            return
+        self._last_idle_check = now
+        ends = self._changelog_ends()
+        for partition, owner in self._owners.items():
+            end = ends.get(partition)
+            if end is not None and end > owner.next_offset:
+                owner.gaps.append((owner.next_offset, end))
+                owner.next_offset = end
+        await self._repair(self._owners)
+
+    async def _repair(self, owners: Mapping[int, _Owner]) -> None:
+        """Write the current value again for every key an older owner wrote between ours.
+
+        Readers skip such a record already; this makes the newest state the key's last record
+        again, the one compaction keeps. A gap that cannot be read (or written) now is tried
+        again after the next batch, or when the runner next loops if the partition is idle.
+        """
+        pending = {p: owner for p, owner in owners.items() if owner.gaps}
+        if not pending or not await self._confirmed():
+            return
+        spans = {p: (o.gaps[0][0], o.gaps[-1][1]) for p, o in pending.items()}
+        try:
+            found = await read_spans(
+                self.settings.connection,
+                self.changelog_topic,
+                spans,
+                stall_timeout_s=GAP_READ_TIMEOUT_S,
+            )
+        except (KafkaError, ReadStalled) as exc:
+            log.warning("could not read foreign changelog records yet", error=repr(exc))
+            return
+        repairs: dict[tuple[str, int], list[Out]] = {}
+        for partition, owner in pending.items():
+            inside = [
+                r
+                for r in found.get(partition, ())
+                if any(start <= r.offset < end for start, end in owner.gaps)
+            ]
+            owner.gaps = []
+            keys = stale_keys(inside, owner.epoch)
+            if not keys:
+                continue  # our own records sent twice by a retried publish
+            log.warning(
+                "a previous owner's changelog records landed after ours; writing the "
+                "current values again",
+                changelog=self.changelog_topic,
+                partition=partition,
+                keys=len(keys),
+                epoch=owner.epoch,
+            )
+            values = owner.store.get_many(keys)
+            repairs[(self.changelog_topic, partition)] = [
+                (k, v, owner.headers) for k, v in zip(keys, values, strict=True)
+            ]
+        if not repairs:
+            return
+        last = await self._send_changelog(repairs, owners)
+        for (_, partition), records in repairs.items():
+            owners[partition].store.write(
+                [(k, v) for k, v, _ in records],
+                changelog_offset=last[partition],
+                owner_epoch=owners[partition].epoch,
+            )
+
     async def commit(self, force: bool = False) -> None:
-        """Commit processed input offsets, at most every commit_interval_ms unless forced."""
+        """Commit processed input offsets, at most every commit_interval_ms unless forced.
+
+        Called whenever the runner loops: idle partitions are checked for late writes too.
+        """
+        await self._check_idle()
         if not self._pending:
             return
         now = time.monotonic()

@@ -46,6 +46,7 @@ from enhydra.assignment.protocol import MemberAssignment, TaskAssignor
 from enhydra.kafka.clients import Consumer, close, new_consumer, start
 from enhydra.kafka.errors import transient
 from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
+from enhydra.kafka.liveness import GroupLiveness
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.runner.batch import PartitionWrite, Step, StepOutput
@@ -257,6 +258,8 @@ class TaskRunner:
             output_topics=self.output_topics,
             commit_offsets=self._commit_offsets,
             retrying=self._retrying,
+            group=GroupLiveness(lambda: self._consumer),
+            changelog_ends=lambda: self._reader.end_offsets if self._reader else {},
         )
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:

@@ -14,6 +14,10 @@ bounds how much that can be. A clean close flushes everything.
 Next to the checkpoint, the database remembers a digest of the last changelog record it wrote
 (`last_record`): an offset alone cannot tell the changelog it came from apart from a changelog
 deleted and recreated since (a reset, a snapshot restore) that has grown past that offset.
+
+It also remembers the highest owner epoch among the changelog records it applied
+(`owner_epoch`, contracts/headers.py): a later record of a lower epoch is a cut-off previous
+owner's late write, and the next owner must write with a higher epoch than any seen here.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ META_FAMILY = "enhydra_meta"
 CHANGELOG_OFFSET = b"changelog_offset"
 INPUT_OFFSET = b"input_offset"
 LAST_RECORD = b"last_record"
+OWNER_EPOCH = b"owner_epoch"
 DEFAULT_MEMORY_MB = 32
 BULK_READAHEAD = 4 << 20
 
@@ -184,6 +189,11 @@ class PartitionStore:
         return int(offset), digest
 
     @property
+    def owner_epoch(self) -> int:
+        """The highest owner epoch of the changelog records applied here; -1 when none."""
+        return self._meta_int(OWNER_EPOCH)
+
+    @property
     def input_offset(self) -> int:
         """Offset of the last input record whose effect is contained here; -1 when none."""
         return self._meta_int(INPUT_OFFSET)
@@ -195,10 +205,12 @@ class PartitionStore:
         *,
         changelog_offset: int | None = None,
         input_offset: int | None = None,
+        owner_epoch: int | None = None,
     ) -> None:
         """Apply puts (None value = delete) and move the checkpoints, atomically.
 
         With `changelog_offset`, the last put is the changelog record at that offset.
+        `owner_epoch` is the new highest epoch applied (never lowered by the caller).
         """
         batch = WriteBatch(raw_mode=True)
         last = None
@@ -215,6 +227,8 @@ class PartitionStore:
                 batch.put(LAST_RECORD, mark.encode(), self._meta_handle)
         if input_offset is not None:
             batch.put(INPUT_OFFSET, str(input_offset).encode(), self._meta_handle)
+        if owner_epoch is not None:
+            batch.put(OWNER_EPOCH, str(owner_epoch).encode(), self._meta_handle)
         self._db.write(batch, _WRITE)
 
     def ingest_sorted(
