@@ -22,6 +22,8 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +57,7 @@ from enhydra.logs import get_logger
 from enhydra.processing.engine import Engine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
-from enhydra.runner.runner import FencedInstance
+from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
 from enhydra.spec import ResolvedService
@@ -290,9 +292,33 @@ class _Instance(ModeService):
             self.runtime.shutdown(EXIT_CANNOT_START, str(exc), level="error", **fields)
 
     async def on_stop(self) -> None:
-        await self.supervisor.stop()
+        rt = self.runtime
+        budget = rt.settings.shutdown_timeout_s
+        _exit_after(budget - 1, lambda: rt.exit_code)  # the last resort, whatever hangs
+        try:  # each part bounds its own steps; this bounds their sum
+            await asyncio.wait_for(self.supervisor.stop(), max(1.0, budget - STOP_MARGIN_S))
+        except TimeoutError:
+            log.warning("stop did not finish in time; going on", seconds=budget - STOP_MARGIN_S)
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+def _exit_after(seconds: float, exit_code: Callable[[], int]) -> None:
+    """End the process `seconds` from now if it is still running then.
+
+    An orchestrator kills a process that outlasts its grace period (Kubernetes: 30 s after
+    SIGTERM) without a word; this ends it first, saying so. What was not made durable is read
+    again by the next owner and skipped where it was already applied.
+    """
+
+    def exit_now() -> None:
+        log.error("stop took longer than shutdown_timeout_s; exiting now", seconds=seconds)
+        logging.shutdown()
+        os._exit(exit_code() or EXIT_SHUTDOWN_CLIENT)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
 
 
 class Supervisor:

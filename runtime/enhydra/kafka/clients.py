@@ -152,13 +152,22 @@ async def start(
         raise explain(cause, conn, doing=doing) from exc
 
 
-async def close(client: Producer | Consumer | Admin) -> None:
-    """Stop a client, whatever state it is in; errors while closing are not the caller's news."""
+# A close waits at most this long: a producer flushing to a broker that does not answer, or a
+# consumer committing to a lost coordinator, would otherwise hold a stop for minutes.
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def close(client: Producer | Consumer | Admin, timeout: float = CLOSE_TIMEOUT_S) -> None:
+    """Stop a client, whatever state it is in; errors while closing are not the caller's news.
+
+    Bounded by `timeout`: what a producer had not sent by then is not sent (every caller has
+    either waited for its acknowledgements already or can lose it, such as a control message).
+    """
     with contextlib.suppress(Exception):
         if isinstance(client, AIOKafkaAdminClient):
-            await client.close()
+            await asyncio.wait_for(client.close(), timeout)
         else:
-            await client.stop()
+            await asyncio.wait_for(client.stop(), timeout)
 
 
 @contextlib.asynccontextmanager

@@ -68,6 +68,8 @@ WATCHDOG_TICK_S = 1.0
 COMMIT_TIMEOUT_S = 5.0
 # stop() ends this much before shutdown_timeout_s: the process still has to exit.
 STOP_MARGIN_S = 3.0
+# One call of stop() that only tidies up (leave, close) waits at most this long.
+CALL_TIMEOUT_S = 5.0
 
 
 class FencedInstance(RuntimeError):
@@ -299,10 +301,13 @@ class TaskRunner:
             if self._checkpoint is not None:
                 await self._bounded_step("make the last batch durable", self._finish(), left())
             if self.leave_on_stop and self.settings.static_membership:
-                await self._bounded_step("leave the group", self._leave(), left())
-            await self._bounded_step("close the consumer", close(self._consumer), left())
+                leave = min(left(), CALL_TIMEOUT_S)  # the session timeout removes it anyway
+                await self._bounded_step("leave the group", self._leave(), leave)
+            closing = min(left(), CALL_TIMEOUT_S)
+            await self._bounded_step("close the consumer", close(self._consumer), closing)
         if self._checkpoint is not None:
-            await self._bounded_step("close the producer", self._checkpoint.stop(), left())
+            closing = min(left(), CALL_TIMEOUT_S)
+            await self._bounded_step("close the producer", self._checkpoint.stop(), closing)
         self.registry.close_all()
         if self._consumer is not None:
             self.log.info(f"{self.label} stopped", **self.stats)
