@@ -18,6 +18,7 @@ import orjson
 
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
 from enhydra.contracts.codec import Entry, encode_json
+from enhydra.contracts.partitioner import misplaced
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import migrate_state
 
@@ -112,6 +113,8 @@ def process_batch(
     give_up: Mapping[int, int] | None = None,
     max_output_bytes: int = 1_000_000,
     into: BatchResult | None = None,
+    partition: int = 0,
+    partitions: int = 0,
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
@@ -126,6 +129,10 @@ def process_batch(
 
     `into` continues the result of an earlier call, for a batch processed in slices: its
     entries stay the batch's own, exactly as if the records had come in one call.
+
+    With `partitions`, the records came from `partition` of a topic of that many: a record
+    whose key Kafka's default partitioner puts elsewhere fails (deserialize stage) and changes
+    nothing, since its key's state lives in another task.
     """
     result = into if into is not None else BatchResult()
     changed = result.changed
@@ -142,6 +149,10 @@ def process_batch(
     for record in records:
         offset = record.offset
         result.last_offset = offset
+        if partitions and (wrong := misplaced(record.key, partition, partitions)) is not None:
+            key = record.key.decode("utf-8", "replace") if record.key else None
+            result.failures.append(Failure(record, Stage.DESERIALIZE, wrong, key))
+            continue
         try:
             key, command_id, command = parse_command(record, id_field)
             if parse is not None:

@@ -128,6 +128,8 @@ class AggregateStep:
                 give_up=give_up,
                 max_output_bytes=s.max_output_bytes,
                 into=result,
+                partition=task.partition,  # a record on another partition than its key's fails
+                partitions=s.partitions,
             )
             if result.interrupted is not None:
                 break
