@@ -14,9 +14,11 @@ import zlib
 
 import pytest
 
+from enhydra.admin.dlq import read_dead_letters, replay
 from enhydra.contracts.partitioner import partition_for
+from enhydra.errors.dlq import Selection
 from enhydra.kafka.clients import open_producer
-from enhydra.testing.processes import read_topic
+from enhydra.testing.processes import read_topic, wait_for_committed
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed, read_accounts
 
@@ -89,3 +91,12 @@ def test_a_command_on_another_partition_than_its_key_is_dead_lettered_and_change
         if line.startswith("enhydra_failed_records_total") and "MispartitionedRecord" in line
     ]
     assert len(counted) == 1 and counted[0].endswith(f" {len(victims)}"), counted
+
+    # The way back once the producer is fixed: a replay is keyed, so it lands where it belongs.
+    chosen = Selection(error_class="MispartitionedRecord").select(
+        asyncio.run(read_dead_letters(kafka_bootstrap, f"{app_id}-dlq"))
+    )
+    assert asyncio.run(replay(kafka_bootstrap, f"{app_id}-dlq", chosen)) == len(victims)
+    asyncio.run(wait_for_committed(kafka_bootstrap, app_id, topic, timeout=60))
+    fixed = model(valid + wrong)
+    assert fixed != expected and read_accounts([instance], accounts) == fixed
