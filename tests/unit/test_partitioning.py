@@ -12,8 +12,16 @@ import zlib
 
 import orjson
 import pytest
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+from hypothesis import given
+from hypothesis import strategies as st
 
-from enhydra.contracts.partitioner import MispartitionedRecord, misplaced, partition_for
+from enhydra.contracts.partitioner import (
+    MispartitionedRecord,
+    misplaced,
+    murmur2,
+    partition_for,
+)
 from enhydra.errors.failure import Stage
 from enhydra.processing.core import InputRecord, process_batch
 from ledger.domain import accounts
@@ -103,3 +111,8 @@ def test_a_misplaced_command_changes_no_state_and_fails_as_read(place) -> None:
     assert result.last_offset == 3
     unchecked = process_batch(accounts, records, lambda _k: None)  # the in-memory driver's way
     assert key in unchecked.changed
+
+
+@given(st.binary(max_size=700))
+def test_murmur2_is_kafkas_for_keys_of_any_length(key: bytes) -> None:
+    assert murmur2(key) == aiokafka_murmur2(key)

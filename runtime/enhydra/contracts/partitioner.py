@@ -11,10 +11,12 @@ is `misplaced`: the runtime refuses it rather than give its key a second state.
 from __future__ import annotations
 
 import functools
+import struct
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
+_WORDS = [struct.Struct(f"<{n}I") for n in range(64)]  # keys up to 255 bytes
 
 
 def murmur2(data: bytes) -> int:
@@ -22,12 +24,13 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (_SEED ^ length) & _MASK
     end = length & ~3
-    for i in range(0, end, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+    count = end >> 2
+    # Whole little-endian words in one call: about half the time of assembling them bytewise.
+    words = _WORDS[count] if count < len(_WORDS) else struct.Struct(f"<{count}I")
+    for k in words.unpack_from(data):
         k = (k * _M) & _MASK
         k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
+        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
     rest = length & 3
     if rest == 3:
         h ^= data[end + 2] << 16
