@@ -136,6 +136,15 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingsError(name, raw, "true or false")
 
 
+def _bool_or_auto(name: str, raw: str) -> bool | None:
+    if raw.strip().lower() == "auto":
+        return None
+    try:
+        return _bool(name, raw)
+    except SettingsError:
+        raise SettingsError(name, raw, "auto, true or false") from None
+
+
 def _readable_file(name: str, raw: str) -> Path:
     path = Path(raw).expanduser()
     if not path.is_file():
@@ -211,7 +220,8 @@ class Settings:
     rebalance_timeout_ms: int = _env(_positive_int, 30000)
     static_membership: bool = _env(_bool, True)
     # On SIGTERM, leave the group at once (a scale-down) instead of being expected back.
-    leave_group_on_shutdown: bool = _env(_bool, False)
+    # auto (None until resolved): leave when this instance id cannot come back (instance_returns).
+    leave_group_on_shutdown: bool | None = _env(_bool_or_auto, None)
     failure_detection: bool = _env(_bool, True)
     failure_probe_window_ms: int = _env(_positive_int, 5000)  # silent everywhere: dead
     shutdown_timeout_s: int = _env(_positive_int, 25)
@@ -258,6 +268,9 @@ class Settings:
         self.connection  # noqa: B018 - a bad combination of security settings fails at start
         if not self.instance_id:
             object.__setattr__(self, "instance_id", remembered_instance_id(self.store_dir))
+        if self.leave_group_on_shutdown is None:
+            returns = instance_returns(self.instance_id, hostname=_hostname(), env=os.environ)
+            object.__setattr__(self, "leave_group_on_shutdown", not returns)
         if not self.dlq_topic:
             object.__setattr__(self, "dlq_topic", f"{self.app_id}-dlq")
         if not self.advertised_url:
@@ -325,6 +338,30 @@ def remembered_instance_id(store_dir: Path) -> str:
     except OSError:
         remembered = ""
     return remembered or f"{socket.gethostname()}-{os.getpid()}"
+
+
+# A pod a ReplicaSet (a Deployment) names: <deployment>-<pod-template-hash>-<5 random>, both
+# drawn from Kubernetes' alphabet without vowels (apimachinery's rand.SafeEncodeString).
+_SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
+_REPLICA_SET_POD = re.compile(rf"^[a-z0-9]([-a-z0-9]*[a-z0-9])?-{_SAFE}{{6,10}}-{_SAFE}{{5}}$")
+
+
+def instance_returns(instance_id: str, *, hostname: str, env: Mapping[str, str]) -> bool:
+    """Whether this instance id is expected back after a clean stop (a static member waits).
+
+    A Deployment replaces a pod by one of another name (and an empty volume), so an id taken
+    from its pod name never comes back, and its static member would hold the next pod's join
+    until the session timeout: such an instance leaves its groups on stop. A StatefulSet's
+    pod keeps its name; compose and VMs restart under the name they were given.
+    """
+    if "KUBERNETES_SERVICE_HOST" not in env or not _REPLICA_SET_POD.match(hostname):
+        return True
+    return not instance_id.startswith(hostname)  # the pod name, or <pod name>-<pid>
+
+
+def _hostname() -> str:
+    """The pod name in Kubernetes (its HOSTNAME), else the machine's."""
+    return os.environ.get("HOSTNAME") or socket.gethostname()
 
 
 def _read_fields(

@@ -49,7 +49,7 @@ def task(tmp_path: Path):
 
 def step_for(tmp_path: Path, task: Task, limit: int = LIMIT) -> AggregateStep:
     settings = Settings.from_env(
-        {}, app_id="n", instance_id="i1", state_dir=tmp_path, max_output_bytes=limit
+        {}, app_id="n", instance_id="i1", state_dir=tmp_path, max_output_bytes=limit, partitions=1
     )
     step = AggregateStep(settings, BOUND, ErrorPolicies("dlq", "dlq", "dlq"), ())
     step.max_record_bytes = limit  # what the runner learns from the broker at start

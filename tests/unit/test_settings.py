@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from enhydra.settings import Settings, SettingsError
+from enhydra.settings import Settings, SettingsError, instance_returns
 
 
 def test_env_overrides_code_defaults() -> None:
@@ -71,9 +71,48 @@ def test_an_instance_comes_back_under_the_id_its_volume_remembers(tmp_path: Path
     assert named.instance_id == "pod-1"  # a name given in the environment wins
 
 
-def test_failover_defaults_detect_in_seconds_not_the_session_timeout() -> None:
+def test_failover_defaults_detect_in_seconds_not_the_session_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not a Deployment's pod
     s = Settings.from_env({}, app_id="ledger")
     assert s.static_membership and s.failure_detection
     assert s.session_timeout_ms == 30_000 and s.heartbeat_interval_ms == 500
     assert s.failure_probe_window_ms < s.session_timeout_ms
     assert not s.leave_group_on_shutdown
+
+
+K8S = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "hostname", "env", "returns"),
+    [
+        # a Deployment's pod: the ReplicaSet names it, a new pod gets another name
+        ("ledger-7d9f8b6c5d-x2k4q", "ledger-7d9f8b6c5d-x2k4q", K8S, False),
+        ("ledger-7d9f8b6c5d-x2k4q-17", "ledger-7d9f8b6c5d-x2k4q", K8S, False),  # <host>-<pid>
+        # a StatefulSet's pod keeps its name; so does an id given by name
+        ("ledger-0", "ledger-0", K8S, True),
+        ("ledger-1", "ledger-7d9f8b6c5d-x2k4q", K8S, True),
+        # outside Kubernetes, a restart under the same name is assumed
+        ("ledger-7d9f8b6c5d-x2k4q", "ledger-7d9f8b6c5d-x2k4q", {}, True),
+        ("laptop-123", "laptop", {}, True),
+    ],
+)
+def test_an_instance_id_a_deployment_minted_does_not_come_back(
+    instance_id: str, hostname: str, env: dict[str, str], returns: bool
+) -> None:
+    assert instance_returns(instance_id, hostname=hostname, env=env) is returns
+
+
+def test_leave_group_on_shutdown_is_auto_true_or_false(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("HOSTNAME", "ledger-7d9f8b6c5d-x2k4q")
+    pod = {"ENHYDRA_INSTANCE_ID": "ledger-7d9f8b6c5d-x2k4q"}
+    assert Settings.from_env(pod, app_id="ledger").leave_group_on_shutdown is True
+    kept = {**pod, "ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN": "false"}
+    assert Settings.from_env(kept, app_id="ledger").leave_group_on_shutdown is False
+    named = {"ENHYDRA_INSTANCE_ID": "ledger-0", "ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN": "auto"}
+    assert Settings.from_env(named, app_id="ledger").leave_group_on_shutdown is False
+    with pytest.raises(SettingsError, match="expected auto, true or false"):
+        Settings.from_env({"ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN": "sometimes"}, app_id="ledger")

@@ -67,8 +67,8 @@ SWITCHES = {"leave_group": "leave_group_on_shutdown"}
     is_flag=True,
     default=False,
     help="On SIGTERM, leave the group at once so the others take over now (a scale-down). "
-    "Without it, the instance is expected back under the same id (a rolling restart) "
-    "[env var: ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN].",
+    "Without it, the instance is expected back under the same id (a rolling restart), "
+    "unless it is a Deployment's pod [env var: ENHYDRA_LEAVE_GROUP_ON_SHUTDOWN, default auto].",
 )
 @click.pass_context
 def run(ctx: click.Context, target: str, conn: Connection, **flags: object) -> None:

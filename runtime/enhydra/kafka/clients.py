@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -34,6 +35,8 @@ RebalanceListener = ConsumerRebalanceListener
 # Long enough for a TLS handshake and SASL round trips to a remote cluster, short enough that a
 # wrong address or password ends a command well within 20 seconds.
 START_TIMEOUT_S = 15.0
+# A stdlib logger: the Spark readers import this module without structlog (logs.py formats it).
+log = logging.getLogger("enhydra.kafka")
 
 
 class _CallableTokenProvider(AbstractTokenProvider):
@@ -137,11 +140,17 @@ async def start(
     doing: str = "connect",
     timeout: float = START_TIMEOUT_S,
 ) -> None:
-    """Start a client within `timeout`; on failure close it and raise an explained error."""
+    """Start a client within `timeout`; on failure close it and raise an explained error.
+
+    A group's consumer also joins its group here. Once the group's coordinator answers, a join
+    that takes longer is the group holding it (a static member that stopped without leaving is
+    awaited until its session times out), not a broker that does not answer: the start waits
+    on, and fails only when the coordinator has been unknown for `timeout`.
+    """
     conn = as_connection(conn)
     try:
         with starting():
-            await asyncio.wait_for(client.start(), timeout)
+            await _start_within(client, timeout, doing)
     except BaseException as exc:
         await close(client)
         if not isinstance(exc, Exception):
@@ -150,6 +159,52 @@ async def start(
         if isinstance(exc, KafkaConnectionError) and "bootstrap" in str(exc):
             cause = await diagnose(conn) or exc
         raise explain(cause, conn, doing=doing) from exc
+
+
+JOIN_POLL_S = 0.5
+HELD_LOG_S = 30.0  # a join held this long is logged again
+
+
+async def _start_within(client: Producer | Consumer | Admin, timeout: float, doing: str) -> None:
+    """client.start(); TimeoutError once `timeout` passed without an answering coordinator."""
+    loop = asyncio.get_running_loop()
+    started = asyncio.ensure_future(client.start())
+    begun = answered = loop.time()
+    told: float | None = None  # when the held join was last logged
+    try:
+        while True:
+            await asyncio.wait({started}, timeout=JOIN_POLL_S)
+            now = loop.time()
+            if started.done():
+                started.result()  # raises what the start failed with
+                if told is not None:
+                    log.info("joined after %.1f s while trying to %s", now - begun, doing)
+                return
+            if _coordinator_known(client):
+                answered = now
+                if now - begun >= timeout and (told is None or now - told >= HELD_LOG_S):
+                    told = now
+                    log.warning(
+                        "the group holds this join; waiting, not ready meanwhile (%.0f s so "
+                        "far, trying to %s). hint: a member that stopped without leaving the "
+                        "group is awaited until its session times out (ENHYDRA_SESSION_TIMEOUT_MS)",
+                        now - begun,
+                        doing,
+                    )
+            elif now - answered >= timeout:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+    finally:
+        if not started.done():
+            started.cancel()
+            with contextlib.suppress(BaseException):
+                await started
+
+
+def _coordinator_known(client: Producer | Consumer | Admin) -> bool:
+    """Whether a consumer's group coordinator is found and connected (aiokafka's own state:
+    it forgets the coordinator when a request to it fails or times out)."""
+    coordinator = getattr(client, "_coordinator", None) if isinstance(client, Consumer) else None
+    return coordinator is not None and coordinator.coordinator_id is not None
 
 
 # A close waits at most this long: a producer flushing to a broker that does not answer, or a

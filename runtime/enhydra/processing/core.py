@@ -18,6 +18,7 @@ import orjson
 
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
 from enhydra.contracts.codec import Entry, encode_entry, encode_json
+from enhydra.contracts.partitioner import misplaced
 from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import migrate_state
@@ -127,6 +128,8 @@ def process_batch(
     max_output_bytes: int = 1_000_000,
     into: BatchResult | None = None,
     checked: Collection[str] = (),
+    partition: int = 0,
+    partitions: int = 0,
 ) -> BatchResult:
     """Run decide/apply over one partition's records in offset order.
 
@@ -147,6 +150,10 @@ def process_batch(
     halfway through publishing. State entries are encoded once per batch (`entry_records`);
     for the keys in `checked` (whose entry came out too large) every change is encoded and
     checked as it is made, and a command that makes the entry too large fails the same way.
+
+    With `partitions`, the records came from `partition` of a topic of that many: a record
+    whose key Kafka's default partitioner puts elsewhere fails (deserialize stage) and changes
+    nothing, since its key's state lives in another task.
     """
     result = into if into is not None else BatchResult()
     changed = result.changed
@@ -179,6 +186,10 @@ def process_batch(
     for record in records:
         offset = record.offset
         result.last_offset = offset
+        if partitions and (wrong := misplaced(record.key, partition, partitions)) is not None:
+            key = record.key.decode("utf-8", "replace") if record.key else None
+            result.failures.append(Failure(record, Stage.DESERIALIZE, wrong, key))
+            continue
         try:
             key, command_id, command = parse_command(record, id_field)
             if parse is not None:

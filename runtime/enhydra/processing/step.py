@@ -134,6 +134,8 @@ class AggregateStep:
                 give_up=give_up,
                 max_output_bytes=limit,
                 into=result,
+                partition=task.partition,  # a record on another partition than its key's fails
+                partitions=s.partitions,
             )
             if result.interrupted is not None:
                 break
@@ -155,6 +157,8 @@ class AggregateStep:
                 give_up=give_up,
                 max_output_bytes=limit,
                 checked=checked,
+                partition=task.partition,
+                partitions=s.partitions,
             )
             if rerun.interrupted is None:
                 rerun.interrupted, rerun.last_offset = interrupted, last_offset
