@@ -89,6 +89,7 @@ class FailureDetector:
         self._headers = dict(headers or {})  # e.g. the query token, if the route is guarded
         self.peers: dict[str, Peer] = {}
         self._beacons: dict[str, float] = {}  # instance -> when its last beacon arrived
+        self._any_beacon: float | None = None  # anyone's, our own echo too (rule 9)
         self.removed: list[tuple[str, float]] = []  # (instance, when) for stats and tests
         self._session: aiohttp.ClientSession | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -116,11 +117,16 @@ class FailureDetector:
 
     # inputs ------------------------------------------------------------------------------
     def on_beacon(self, instance: str) -> None:
-        """A beacon of `instance` arrived through Kafka (see beacon.beacon_origin)."""
+        """A beacon of `instance` arrived through Kafka (see beacon.beacon_origin).
+
+        Our own beacon's echo counts too: it shows our view of the control topic works, which
+        is what makes a quiet beacon of a peer mean something (rule 9).
+        """
         now = self._clock()
         self._beacons[instance] = now
-        if instance in self.peers:
-            self._observe(self.peers[instance], Signal.BEACON, now)
+        self._any_beacon = now
+        for name, peer in self.peers.items():
+            self._observe(peer, Signal.BEACON if name == instance else Signal.ANY_BEACON, now)
 
     async def on_control_message(self, message: Mapping[str, Any]) -> None:
         """Feed every control-topic message here; beacons are kept, the rest ignored."""
@@ -161,6 +167,15 @@ class FailureDetector:
 
     async def _remove(self, peer: Peer, decision: Decision) -> None:
         try:
+            # Decided a moment ago (or a retry later): a heartbeat or a beacon may have come
+            # since, and a removal of a live peer costs the group a rebalance. Decide again.
+            decision = decide(peer.state, self._clock(), self.config)
+            if not decision.remove:
+                log.info(
+                    "peer not removed: alive again", peer=peer.instance, reason=decision.reason
+                )
+                peer.decision = decision
+                return
             log.warning("removing dead peer", peer=peer.instance, reason=decision.reason)
             if await self._on_dead(peer.instance, peer.member_id):
                 now = self._clock()
@@ -198,6 +213,8 @@ class FailureDetector:
         for name, url in wanted.items():
             if name not in self.peers:
                 state = new_peer(now)
+                if self._any_beacon is not None:
+                    state = observe(state, Signal.ANY_BEACON, self._any_beacon, self.config)
                 if name in self._beacons:
                     state = observe(state, Signal.BEACON, self._beacons[name], self.config)
                 peer = Peer(name, url, state)
