@@ -60,7 +60,12 @@ def test_every_beacon_our_own_echo_too_tells_each_peer_that_our_view_works():
     detector, peer = detector_with_peer(clock, calls)
     clock.now = 3.0
     detector.on_beacon("me")  # the echo of our own beacon
+    detector._evaluate(peer)
     assert peer.state.last_any_beacon == 3.0 and peer.state.last_beacon is None
     clock.now = 4.0
     detector.on_beacon("a")
     assert peer.state.last_any_beacon == 4.0 and peer.state.last_beacon == 4.0
+    clock.now = 5.0
+    detector.on_beacon("b")  # another peer's
+    detector._evaluate(peer)
+    assert peer.state.last_any_beacon == 5.0 and peer.state.last_beacon == 4.0

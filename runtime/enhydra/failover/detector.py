@@ -9,8 +9,8 @@ The rules therefore say "dead" only when the process is gone or is certainly not
 Two channels are watched:
 - HTTP: a long-lived stream from the peer's liveness endpoint with a heartbeat line every
   0.2 s, written by the peer's event loop. Its close is noticed at once.
-- Kafka: a beacon the peer writes to the control topic every second (the second signal). It
-  says the process runs and reaches Kafka, whatever happens to its HTTP port.
+- Kafka: a beacon the peer writes to the control topic every `BEACON_INTERVAL_S` (the second
+  signal). It says the process runs and reaches Kafka, whatever happens to its HTTP port.
 
 The rules, in order:
 1. A peer that said goodbye (a clean stop: SIGTERM of a rolling restart) and has not sent a
@@ -18,7 +18,7 @@ The rules, in order:
    the broker's session timeout removes it if it does not come back.
 2. Fast: a refused connection after the peer was seen alive (and after its stream broke without
    a goodbye) means nothing listens on its port: the process is gone, if its beacon has gone
-   quiet too for `refusal_beacon_quiet_s` (a little over one beacon interval) while we kept
+   quiet too for `refusal_beacon_quiet_s` (two and a half beacon intervals) while we kept
    hearing beacons: one of anyone (another peer, our own echo) arrived more than that bound
    after the peer's last, so its slot passed while our view of the control topic worked. A
    kill -9 closes the peer's sockets, so the stream ends and the reconnect is refused within
@@ -56,6 +56,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+# How often every instance sends its beacon (beacon.py). Short, because a refusal waits for
+# the beacon to go quiet before it counts (rule 2): that wait is the kill -9 path's latency.
+BEACON_INTERVAL_S = 0.2
+
 
 class Signal(StrEnum):
     """One thing the shell observed about a peer."""
@@ -80,12 +84,12 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """How long silences must last; the defaults suit a 0.2 s heartbeat and a 1 s beacon."""
+    """How long silences must last; the defaults suit a 0.2 s heartbeat and a 0.2 s beacon."""
 
     suspect_after_s: float = 1.0  # no heartbeat for this long: suspect
     probe_window_s: float = 5.0  # silent on HTTP and Kafka for this long: dead
     beacon_grace_s: float = 2.0  # a beacon this much later than a refusal was sent after it
-    refusal_beacon_quiet_s: float = 1.5  # a refusal is a death once the beacon is this quiet
+    refusal_beacon_quiet_s: float = 2.5 * BEACON_INTERVAL_S  # then a refusal is a death
     view_quiet_s: float | None = None  # no beacon from anyone this long: we are cut off
     # (None: 0.6 x probe_window_s, so that a silence of the window always notices it)
 

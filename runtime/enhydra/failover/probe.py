@@ -124,9 +124,9 @@ class FailureDetector:
         """
         now = self._clock()
         self._beacons[instance] = now
-        self._any_beacon = now
-        for name, peer in self.peers.items():
-            self._observe(peer, Signal.BEACON if name == instance else Signal.ANY_BEACON, now)
+        self._any_beacon = now  # given to each peer's state when it is decided (_decide)
+        if instance in self.peers:
+            self._observe(self.peers[instance], Signal.BEACON, now)
 
     async def on_control_message(self, message: Mapping[str, Any]) -> None:
         """Feed every control-topic message here; beacons are kept, the rest ignored."""
@@ -151,8 +151,16 @@ class FailureDetector:
     def _observe(self, peer: Peer, signal: Signal, at: float) -> None:
         peer.state = observe(peer.state, signal, at, self.config)
 
+    def _decide(self, peer: Peer) -> Decision:
+        """The core's decision now, once the latest beacon of anyone is in the peer's state
+        (passed here rather than to every peer at every beacon: N peers, N beacons)."""
+        heard = self._any_beacon
+        if heard is not None and (peer.state.last_any_beacon or float("-inf")) < heard:
+            self._observe(peer, Signal.ANY_BEACON, heard)
+        return decide(peer.state, self._clock(), self.config)
+
     def _evaluate(self, peer: Peer) -> None:
-        decision = decide(peer.state, self._clock(), self.config)
+        decision = self._decide(peer)
         if decision.verdict is not peer.decision.verdict:
             log.info(
                 "peer liveness changed",
@@ -169,7 +177,7 @@ class FailureDetector:
         try:
             # Decided a moment ago (or a retry later): a heartbeat or a beacon may have come
             # since, and a removal of a live peer costs the group a rebalance. Decide again.
-            decision = decide(peer.state, self._clock(), self.config)
+            decision = self._decide(peer)
             if not decision.remove:
                 log.info(
                     "peer not removed: alive again", peer=peer.instance, reason=decision.reason
@@ -213,8 +221,6 @@ class FailureDetector:
         for name, url in wanted.items():
             if name not in self.peers:
                 state = new_peer(now)
-                if self._any_beacon is not None:
-                    state = observe(state, Signal.ANY_BEACON, self._any_beacon, self.config)
                 if name in self._beacons:
                     state = observe(state, Signal.BEACON, self._beacons[name], self.config)
                 peer = Peer(name, url, state)
