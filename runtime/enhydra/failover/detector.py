@@ -36,11 +36,6 @@ The rules, in order:
    two instances) is never enough: the beacon shows the process consuming, so it stays SUSPECT.
    A peer that never sent a beacon (the second channel is not wired) is never removed on
    silence: only the fast rule or the broker's session timeout remove it.
-9. Our own view: when no beacon arrived from anyone (any peer, or our own beacon's echo) for
-   `view_quiet_s`, we are cut off from the control topic, and a quiet beacon proves nothing
-   about the peer: rules 2 and 4 do not remove it (SUSPECT). If it is dead, the broker's session
-   timeout, or an observer that still hears the beacons, removes it. The view bound is below the
-   probe window, so an isolation long enough for rule 4 is always noticed as one.
 5. Timeouts (a connect that gets no answer, a stream that goes quiet) only ever make a peer
    SUSPECT; they feed rule 4 through the silence they measure, never rule 2.
 6. When our own event loop was late (a GC pause or a busy loop here), the silence we measured
@@ -49,6 +44,11 @@ The rules, in order:
    peer's loop runs late) is a heartbeat too: ALIVE, with the lag noted.
 8. A DEAD peer is removed once; it is removed again only after new evidence of life (it came
    back, then died again).
+9. Our own view: when no beacon arrived from anyone (any peer, or our own beacon's echo) for
+   `view_quiet_s`, we are cut off from the control topic, and a quiet beacon proves nothing
+   about the peer: rules 2 and 4 do not remove it (SUSPECT). If it is dead, the broker's session
+   timeout, or an observer that still hears the beacons, removes it. The view bound is below the
+   probe window, so an isolation long enough for rule 4 is always noticed as one.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def decide(state: PeerState, now: float, config: DetectorConfig) -> Decision:
         assert state.last_beacon is not None and state.last_any_beacon is not None
         if state.last_any_beacon - state.last_beacon <= bound:
             return Decision(
-                Verdict.SUSPECT, "its port refuses; no beacon of anyone since its slot to compare"
+                Verdict.SUSPECT, "its port refuses; no beacon of anyone yet to show its own is late"
             )
         return _dead(f"process gone: its port refuses and no beacon for {kafka_quiet:.1f} s", state)
     last_heard = state.watching_since if state.last_heartbeat is None else state.last_heartbeat

@@ -8,9 +8,10 @@ reconnects at once, so a dead process is confirmed by a refusal within milliseco
 that stays quiet for `suspect_after_s` is dropped and reopened, so a silently lost connection
 never hides a peer. Beacons (beacon.py) are fed in by whoever reads the control topic.
 
-Every `tick_s` the core decides each peer; a decision to remove calls `on_dead(instance,
-member_id)` (e.g. remove_static_members with that member id, so a newer incarnation is never
-removed) and, when it returns True, records the removal. Our own lateness is measured on each
+Every `tick_s` the core decides each peer; a decision to remove is made again right before
+`on_dead(instance, member_id)` is called (a heartbeat or a beacon may have come meanwhile),
+e.g. remove_static_members with that member id, so a newer incarnation is never removed, and,
+when it returns True, records the removal. Our own lateness is measured on each
 tick: a tick later than `observer_stall_s` restarts the silence counts (rule 6).
 """
 
