@@ -7,8 +7,7 @@ asks them (fan-out); with it, it answers from its own active copies only (one le
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -65,8 +64,14 @@ def routes(ctx: ApiContext) -> list[Route]:
             owners.setdefault(owner, []).append(partition)
         return owners
 
-    async def fan_out(what: str, store: str, params: dict[str, str], local: Callable) -> list:
-        """Answer from each owner for its partitions; any owner unable to answer fails all."""
+    async def fan_out(
+        what: str,
+        store: str,
+        params: dict[str, str],
+        local: Callable[[list[int]], Awaitable[dict[str, Any]]],
+    ) -> list:
+        """Answer from each owner for its partitions (this instance's own part meanwhile, with
+        `local`); any owner unable to answer fails all."""
         owners = plan()
         engine = ctx.engine()
         calls = {}
@@ -82,8 +87,7 @@ def routes(ctx: ApiContext) -> list[Route]:
 
         async def own_part() -> None:
             if mine:
-                result = local(mine)
-                results.append(await result if inspect.isawaitable(result) else result)
+                results.append(await local(mine))
 
         _, answers = await asyncio.gather(own_part(), ctx.peers.gather(calls))
         for owner, answer in answers.items():
@@ -111,12 +115,11 @@ def routes(ctx: ApiContext) -> list[Route]:
             stores = local_stores(parse_partitions(args["partitions"]))
             return json_response(page(*scan_stores(stores, rng, limit)))
         params = {**range_params(args), "limit": str(limit)}
-        pages = await fan_out(
-            "scan",
-            args["store"],
-            params,
-            lambda parts: page(*scan_stores(local_stores(parts), rng, limit)),
-        )
+
+        async def scan_part(parts: list[int]) -> dict[str, Any]:
+            return page(*scan_stores(local_stores(parts), rng, limit))
+
+        pages = await fan_out("scan", args["store"], params, scan_part)
         items, more = merge_pages(
             (([(i["key"], i["value"]) for i in p["items"]], p["more"]) for p in pages), limit
         )
