@@ -224,6 +224,7 @@ class Settings:
     leave_group_on_shutdown: bool | None = _env(_bool_or_auto, None)
     failure_detection: bool = _env(_bool, True)
     failure_probe_window_ms: int = _env(_positive_int, 5000)  # silent everywhere: dead
+    liveness_max_streams: int = _env(_positive_int, 128)  # peers' heartbeat streams held open
     shutdown_timeout_s: int = _env(_positive_int, 25)
     dedup_window: int = _env(_non_negative_int, 100)
     state_cache_entries: int = _env(_non_negative_int, 10_000)

@@ -9,8 +9,11 @@ import time
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from enhydra.failover import STREAM_PATH, FailureDetector, Verdict, add_liveness_routes
+from enhydra.query.http import build_app
+from enhydra.settings import Settings
 
 
 async def serve(instance: str, member: str = "m-1") -> tuple[web.AppRunner, str]:
@@ -68,3 +71,67 @@ async def test_a_clean_shutdown_is_not_taken_for_a_death():
         assert "stopped cleanly" in detector.peers["a"].decision.reason, detector.peers["a"].state
     finally:
         await detector.stop()
+
+
+async def serve_api(**env: str) -> tuple[TestClient, str]:
+    """The liveness stream as an instance serves it: on the HTTP API's app, with its settings."""
+    settings = Settings.from_env({f"ENHYDRA_{k.upper()}": v for k, v in env.items()}, app_id="u")
+    app = build_app(lambda: None, "a", "accounts", settings=settings)
+    add_liveness_routes(app, "a", interval_s=0.05)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    return client, str(client.make_url("")).rstrip("/")
+
+
+async def test_the_stream_needs_the_query_token_like_the_queries_and_peers_send_it():
+    client, url = await serve_api(query_token="q-secret", admin_token="adm")
+    try:
+        assert (await client.get(STREAM_PATH)).status == 401
+        wrong = await client.get(STREAM_PATH, headers={"Authorization": "Bearer nope"})
+        assert wrong.status == 403 and (await wrong.json())["code"] == "forbidden"
+        for token in ("q-secret", "adm"):
+            async with client.get(STREAM_PATH, headers={"Authorization": f"Bearer {token}"}) as ok:
+                assert ok.status == 200
+                assert orjson.loads(await ok.content.readline())["instance"] == "a"
+
+        async def on_dead(instance: str, member: str | None) -> bool:
+            return True
+
+        peer = FailureDetector(
+            "me", lambda: {"a": url}, on_dead, headers={"Authorization": "Bearer q-secret"}
+        )
+        await peer.start()
+        try:
+            for _ in range(100):
+                if "a" in peer.peers and peer.peers["a"].decision.verdict is Verdict.ALIVE:
+                    break
+                await asyncio.sleep(0.02)
+            assert peer.peers["a"].decision.verdict is Verdict.ALIVE
+        finally:
+            await peer.stop()
+    finally:
+        await client.close()
+
+
+async def test_open_streams_are_capped_and_the_one_over_is_told_why():
+    client, _ = await serve_api(liveness_max_streams="2")
+    try:
+        first = await client.get(STREAM_PATH)
+        second = await client.get(STREAM_PATH)
+        assert first.status == second.status == 200
+        over = await client.get(STREAM_PATH)
+        body = await over.json()
+        assert over.status == 503 and body["code"] == "too_many_streams"
+        assert "at most 2 liveness streams" in body["error"]
+        first.close()
+        for _ in range(100):  # the server notices the close at its next line
+            again = await client.get(STREAM_PATH)
+            if again.status == 200:
+                again.close()
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("a closed stream did not free its place")
+        second.close()
+    finally:
+        await client.close()

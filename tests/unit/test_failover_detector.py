@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enhydra.failover.detector import (
+    BEACON_INTERVAL_S,
     DetectorConfig,
     PeerState,
     Signal,
@@ -23,7 +24,7 @@ from enhydra.failover.detector import (
 
 CFG = DetectorConfig(suspect_after_s=1.0, probe_window_s=5.0, beacon_grace_s=2.0)
 HB = 0.2  # heartbeat interval
-BEACON_EVERY = 1.0
+BEACON_EVERY = BEACON_INTERVAL_S  # 0.2 s
 
 History = list[tuple[float, Signal]]
 
@@ -52,7 +53,7 @@ jitters = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8)
 noise_signals = st.sampled_from([Signal.CONNECT_TIMEOUT, Signal.RESET])
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     alive_for=st.floats(0.3, 60),
     jitter=jitters,
@@ -60,23 +61,104 @@ noise_signals = st.sampled_from([Signal.CONNECT_TIMEOUT, Signal.RESET])
     reset_after=st.floats(0.0, 0.2),
     refused_after=st.floats(0.0, 0.05),
 )
-def test_kill_9_is_dead_at_the_first_refusal_whatever_the_beacon_said(
+def test_kill_9_is_dead_at_the_refusal_once_its_beacon_is_quiet_for_the_short_bound(
     alive_for, jitter, with_beacons, reset_after, refused_after
 ):
+    """Its beacon stops with it; our own beacon's echo goes on (our view of Kafka works)."""
     history = merged(
         regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
         regular(Signal.BEACON, 0.1, alive_for, BEACON_EVERY, jitter) if with_beacons else [],
     )
     last = history[-1][0]
-    before = fold([*history, (last + reset_after, Signal.RESET)])
+    echoes = regular(Signal.ANY_BEACON, 0.05, last + 10, BEACON_EVERY, []) if with_beacons else []
+    before = fold(merged(history, [(last + reset_after, Signal.RESET)]))
     assert decide(before, last + reset_after, CFG).verdict is not Verdict.DEAD
     refused_at = last + reset_after + refused_after
-    state = fold([*history, (last + reset_after, Signal.RESET), (refused_at, Signal.REFUSED)])
-    decision = decide(state, refused_at, CFG)
-    assert decision.verdict is Verdict.DEAD and decision.remove
+    # without a second channel: at once; with one: when its last beacon is the bound old and
+    # a beacon of anyone (our echo) came more than the bound after it
+    last_beacon = max((t for t, s in history if s is Signal.BEACON), default=None)
+    dead_at = refused_at
+    if last_beacon is not None:
+        bound = last_beacon + CFG.refusal_beacon_quiet_s
+        echo = min(t for t, _ in echoes if t > bound)
+        dead_at = max(refused_at, bound, echo)
+    after = [(last + reset_after, Signal.RESET), (refused_at, Signal.REFUSED)]
+    for now in sorted({refused_at, dead_at - 0.01, dead_at + 1e-9}):
+        if now < refused_at:
+            continue
+        state = fold([item for item in merged(history, echoes, after) if item[0] <= now])
+        decision = decide(state, now, CFG)
+        if now < dead_at:  # refused, but its beacon is younger than the bound
+            assert decision.verdict is Verdict.SUSPECT and "refuses" in decision.reason
+        else:
+            assert decision.verdict is Verdict.DEAD and decision.remove
+    # still the fast path: the bound and one beacon interval at most
+    assert dead_at - refused_at <= CFG.refusal_beacon_quiet_s + BEACON_EVERY + 1e-9
 
 
-@settings(max_examples=300)
+@settings(max_examples=200, deadline=None)
+@given(
+    alive_for=st.floats(0.3, 10),
+    rejecting_for=st.floats(0.0, 30),
+    gaps=st.lists(st.floats(0.05, 0.45), min_size=1, max_size=8),  # below the 0.5 s bound
+    probes=st.lists(
+        st.tuples(st.floats(0.0, 120.0), st.sampled_from([Signal.RESET, Signal.REFUSED])),
+        min_size=1,
+        max_size=30,
+    ),
+    checks=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10),
+)
+def test_a_refusal_never_removes_a_peer_whose_beacon_is_fresh(
+    alive_for, rejecting_for, gaps, probes, checks
+):
+    """A firewall that rejects its port (or a reused port) while the process consumes: its
+    beacon keeps coming, never more than the bound apart, so the refusals are not a death."""
+    end = alive_for + rejecting_for
+    beacons, t, i = [], 0.0, 0
+    while t < end + 2:
+        beacons.append((t, Signal.BEACON))
+        t += gaps[i % len(gaps)]
+        i += 1
+    history = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, []),
+        beacons,
+        [(alive_for + dt, s) for dt, s in probes if dt <= rejecting_for],
+    )
+    for fraction in checks:
+        now = alive_for + fraction * rejecting_for
+        state = fold([item for item in history if item[0] <= now])
+        assert decide(state, now, CFG).verdict is not Verdict.DEAD
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    alive_for=st.floats(0.3, 30),
+    cut_for=st.floats(0.0, 300),
+    jitter=jitters,
+    probes=st.lists(
+        st.tuples(st.floats(0.0, 300.0), st.sampled_from(list(Signal)[3:6])), max_size=30
+    ),
+    checks=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=10),
+)
+def test_an_observer_cut_off_from_the_control_topic_and_the_peer_removes_nobody(
+    alive_for, cut_for, jitter, probes, checks
+):
+    """From `alive_for` on we hear nothing: no heartbeat, no beacon of anyone, not our own echo.
+    The peer is healthy; the silence is ours, so it is never taken for the peer's death."""
+    history = merged(
+        regular(Signal.HEARTBEAT, 0.0, alive_for, HB, jitter),
+        regular(Signal.BEACON, 0.0, alive_for, BEACON_EVERY, jitter),
+        regular(Signal.ANY_BEACON, 0.3, alive_for, BEACON_EVERY, jitter),
+        [(alive_for + dt, s) for dt, s in probes if dt <= cut_for],
+    )
+    for fraction in checks:
+        now = alive_for + fraction * cut_for
+        state = fold([item for item in history if item[0] <= now])
+        decision = decide(state, now, CFG)
+        assert decision.verdict is not Verdict.DEAD, decision
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     alive_for=st.floats(0.3, 60),
     jitter=jitters,
@@ -93,8 +175,11 @@ def test_sigstop_is_dead_after_the_probe_window_and_not_before(
     stopped = history[-1][0]
     last_heartbeat = max(t for t, s in history if s is Signal.HEARTBEAT)
     last_beacon = max(t for t, s in history if s is Signal.BEACON)
-    after = sorted((stopped + dt, s) for dt, s in probes if dt <= now_after)
     now = stopped + now_after
+    after = merged(
+        [(stopped + dt, s) for dt, s in probes if dt <= now_after],
+        regular(Signal.ANY_BEACON, stopped, now, BEACON_EVERY, []),  # our own echo
+    )
     decision = decide(fold(history + after), now, CFG)
     silent = min(now - last_heartbeat, now - last_beacon)
     if silent >= CFG.probe_window_s:
@@ -103,7 +188,7 @@ def test_sigstop_is_dead_after_the_probe_window_and_not_before(
         assert decision.verdict is not Verdict.DEAD
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     alive_for=st.floats(0.3, 30),
     stalled_for=st.floats(0.0, 120),
@@ -127,7 +212,7 @@ def test_a_stalled_http_port_is_never_dead_while_the_beacon_arrives(
         assert decide(state, now, CFG).verdict is not Verdict.DEAD
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     alive_for=st.floats(0.3, 30),
     pause=st.floats(0.0, CFG.probe_window_s - 0.01),
@@ -152,7 +237,7 @@ def test_a_pause_shorter_than_the_window_gc_or_a_busy_loop_is_never_dead(
     assert decide(state, resumed, CFG).verdict is Verdict.ALIVE
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     alive_for=st.floats(0.3, 30),
     jitter=jitters,
@@ -184,8 +269,9 @@ def test_a_peer_never_seen_alive_and_without_a_beacon_is_never_removed(probes):
 @given(resumed=st.floats(0.0, 100), now_after=st.floats(0.0, 10))
 def test_our_own_late_loop_restarts_the_silence_count(resumed, now_after):
     history = [(0.0, Signal.HEARTBEAT), (0.0, Signal.BEACON)]
-    state = fold([*history, (resumed, Signal.OBSERVER_RESUMED)])
     now = resumed + now_after
+    echo = [(now, Signal.ANY_BEACON)]  # our view of the control topic works
+    state = fold([*history, (resumed, Signal.OBSERVER_RESUMED), *echo])
     verdict = decide(state, now, CFG).verdict
     assert (verdict is Verdict.DEAD) == (now - resumed >= CFG.probe_window_s)
 
@@ -233,6 +319,11 @@ def test_bad_settings_are_refused_with_the_reason():
         DetectorConfig(suspect_after_s=5.0, probe_window_s=5.0)
     with pytest.raises(ValueError, match="beacon_grace_s"):
         DetectorConfig(beacon_grace_s=0)
+    with pytest.raises(ValueError, match="refusal_beacon_quiet_s"):
+        DetectorConfig(refusal_beacon_quiet_s=0)
+    with pytest.raises(ValueError, match="view_quiet_s"):
+        DetectorConfig(view_quiet_s=5.0, probe_window_s=5.0)
+    assert DetectorConfig(probe_window_s=2.0).view_quiet_s == pytest.approx(1.2)
 
 
 # ------------------------------------------------------------- the rules, read over the history
@@ -260,17 +351,25 @@ def rules(history: History, start: float, now: float, cfg: DetectorConfig) -> tu
 
     if any(s is Signal.GOODBYE for _, s in since):
         return Verdict.SUSPECT, False
+    floor = max([start] + [t for t, s in history if s is Signal.OBSERVER_RESUMED])
+    beacons = [t for t, s in history if s is Signal.BEACON]
+    anyone = [t for t, s in history if s in (Signal.BEACON, Signal.ANY_BEACON)]
+    kafka_quiet = now - max(max(beacons), floor) if beacons else None
+    blind = bool(anyone) and now - max(max(anyone), floor) >= cfg.view_quiet_s
     refused = any(s is Signal.REFUSED for _, s in since)
     if hb_idx is not None and refused and not untrusting:
-        return Verdict.DEAD, not removed
-    floor = max([start] + [t for t, s in history if s is Signal.OBSERVER_RESUMED])
+        if kafka_quiet is None:
+            return Verdict.DEAD, not removed
+        bound = cfg.refusal_beacon_quiet_s
+        heard_since = max(anyone) - max(beacons) > bound  # its slot passed while we heard others
+        if not blind and kafka_quiet >= bound and heard_since:
+            return Verdict.DEAD, not removed
+        return Verdict.SUSPECT, False
     last_hb = history[hb_idx][0] if hb_idx is not None else start
     http_quiet = now - max(last_hb, floor)
-    beacons = [t for t, s in history if s is Signal.BEACON]
-    if beacons:
-        kafka_quiet = now - max(max(beacons), floor)
-        if http_quiet >= cfg.probe_window_s and kafka_quiet >= cfg.probe_window_s:
-            return Verdict.DEAD, not removed
+    window = cfg.probe_window_s
+    if kafka_quiet is not None and not blind and min(http_quiet, kafka_quiet) >= window:
+        return Verdict.DEAD, not removed
     if refused or http_quiet >= cfg.suspect_after_s:
         return Verdict.SUSPECT, False
     if hb_idx is None or any(s in (Signal.RESET, Signal.CONNECT_TIMEOUT) for _, s in since):

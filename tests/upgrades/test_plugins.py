@@ -98,8 +98,38 @@ def test_a_projection_returning_none_deletes_the_key() -> None:
     result = fold_batch(
         projection, [record(0, "a", {"type": "x"}), record(1, "a", {"type": "closed"})], {}.get
     )
-    assert result.changed == {"a": None}
+    assert result.changed == {"a": ProjectedEntry(None, 1)}
+    assert result.changed["a"].deleted
     assert replay_projection(projection, [("a", {"type": "x"}), ("a", {"type": "closed"})]) == {}
+
+
+def test_a_deleted_key_keeps_its_offsets_so_a_redelivery_is_skipped() -> None:
+    """A crash after the deletion was stored, before the offsets were committed: Kafka sends the
+    same events again. They must not fold into a fresh state from the start."""
+
+    def forget(state: Any, event: dict) -> Any:
+        return None if event["type"] == "closed" else (state or 0) + 1
+
+    projection = Projection("open-counts", forget)
+    events = [record(0, "a", {"type": "x"}), record(1, "a", {"type": "closed"})]
+    stored = {
+        k: encode(e) for k, e in fold_batch(projection, events, {}.get).changed.items()
+    }  # the bytes the engine writes to RocksDB and the changelog
+
+    def load(key: str) -> ProjectedEntry | None:
+        return decode(stored[key]) if key in stored else None
+
+    again = fold_batch(projection, [*events, record(2, "a", {"type": "x"})], load)
+    assert again.skipped == 2
+    assert again.changed == {"a": ProjectedEntry(1, 2)}  # a new life starts from initial_state
+    published_again = EventRecord(
+        3,
+        b"a",
+        b'{"type": "x"}',
+        event_source([("enhydra.command_offset", b"9"), ("enhydra.event_index", b"0")]),
+    )
+    deleted = {"a": ProjectedEntry(None, 2, (9, 0))}
+    assert fold_batch(projection, [published_again], deleted.get).duplicates == 1
 
 
 def test_entry_round_trip() -> None:

@@ -1,9 +1,10 @@
-"""The second liveness channel: a small message through Kafka every second.
+"""The second liveness channel: a small message through Kafka five times a second.
 
 A peer whose HTTP port cannot be reached but whose beacon keeps arriving is running and
 reaching Kafka (so it is consuming): the detector must not remove it. The beacon is sent with
 the control channel's `send(kind, **fields)` and read where control messages are read, so it
-needs no client of its own.
+needs no client of its own. It is frequent because a refused connect counts as a death only
+once the beacon has gone quiet too (detector.py, rule 2): ~100 bytes, 5 a second per instance.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from enhydra.failover.detector import BEACON_INTERVAL_S
 from enhydra.logs import get_logger
 
 log = get_logger("enhydra.failover")
 
 BEACON = "liveness"
 REPORT_EVERY_S = 60.0
-DEFAULT_BEACON_INTERVAL_S = 1.0
+DEFAULT_BEACON_INTERVAL_S = BEACON_INTERVAL_S
 
 
 def beacon_origin(message: Mapping[str, Any]) -> str | None:

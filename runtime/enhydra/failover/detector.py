@@ -9,17 +9,23 @@ The rules therefore say "dead" only when the process is gone or is certainly not
 Two channels are watched:
 - HTTP: a long-lived stream from the peer's liveness endpoint with a heartbeat line every
   0.2 s, written by the peer's event loop. Its close is noticed at once.
-- Kafka: a beacon the peer writes to the control topic every second (the second signal). It
-  says the process runs and reaches Kafka, whatever happens to its HTTP port.
+- Kafka: a beacon the peer writes to the control topic every `BEACON_INTERVAL_S` (the second
+  signal). It says the process runs and reaches Kafka, whatever happens to its HTTP port.
 
 The rules, in order:
 1. A peer that said goodbye (a clean stop: SIGTERM of a rolling restart) and has not sent a
    heartbeat since is never removed here: it is expected back within the session timeout, and
    the broker's session timeout removes it if it does not come back.
 2. Fast: a refused connection after the peer was seen alive (and after its stream broke without
-   a goodbye) means nothing listens on its port: the process is gone. DEAD at once, whatever
-   the beacon said before. A kill -9 closes the peer's sockets, so the stream ends and the
-   reconnect is refused within milliseconds.
+   a goodbye) means nothing listens on its port: the process is gone, if its beacon has gone
+   quiet too for `refusal_beacon_quiet_s` (two and a half beacon intervals) while we kept
+   hearing beacons: one of anyone (another peer, our own echo) arrived more than that bound
+   after the peer's last, so its slot passed while our view of the control topic worked. A
+   kill -9 closes the peer's sockets, so the stream ends and the reconnect is refused within
+   milliseconds; its beacon stops with it, so it is DEAD within the bound plus one beacon
+   interval. A fresh beacon says the process runs (a firewall that rejects, a port taken by
+   someone else): SUSPECT. A peer that never sent a beacon (the second channel is not wired)
+   is DEAD at the refusal.
 3. Refusals are not trusted while the process shows life: a beacon that arrives more than
    `beacon_grace_s` after a refusal was written after it, so the port refuses while the process
    runs (a firewall that rejects). The fast rule stays off for that peer until its next
@@ -38,12 +44,21 @@ The rules, in order:
    peer's loop runs late) is a heartbeat too: ALIVE, with the lag noted.
 8. A DEAD peer is removed once; it is removed again only after new evidence of life (it came
    back, then died again).
+9. Our own view: when no beacon arrived from anyone (any peer, or our own beacon's echo) for
+   `view_quiet_s`, we are cut off from the control topic, and a quiet beacon proves nothing
+   about the peer: rules 2 and 4 do not remove it (SUSPECT). If it is dead, the broker's session
+   timeout, or an observer that still hears the beacons, removes it. The view bound is below the
+   probe window, so an isolation long enough for rule 4 is always noticed as one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+
+# How often every instance sends its beacon (beacon.py). Short, because a refusal waits for
+# the beacon to go quiet before it counts (rule 2): that wait is the kill -9 path's latency.
+BEACON_INTERVAL_S = 0.2
 
 
 class Signal(StrEnum):
@@ -56,6 +71,7 @@ class Signal(StrEnum):
     REFUSED = "refused"  # a connect was refused: nothing listens on the peer's port
     CONNECT_TIMEOUT = "connect_timeout"  # a connect or a first answer did not come in time
     BEACON = "beacon"  # the peer's beacon arrived through Kafka
+    ANY_BEACON = "any_beacon"  # a beacon of anyone arrived (another peer, our own echo)
     OBSERVER_RESUMED = "observer_resumed"  # our own loop ran late: restart silence counting
     REMOVED = "removed"  # we removed the peer's member from the group
 
@@ -68,13 +84,23 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """How long silences must last; the defaults suit a 0.2 s heartbeat and a 1 s beacon."""
+    """How long silences must last; the defaults suit a 0.2 s heartbeat and a 0.2 s beacon."""
 
     suspect_after_s: float = 1.0  # no heartbeat for this long: suspect
     probe_window_s: float = 5.0  # silent on HTTP and Kafka for this long: dead
     beacon_grace_s: float = 2.0  # a beacon this much later than a refusal was sent after it
+    refusal_beacon_quiet_s: float = 2.5 * BEACON_INTERVAL_S  # then a refusal is a death
+    view_quiet_s: float | None = None  # no beacon from anyone this long: we are cut off
+    # (None: 0.6 x probe_window_s, so that a silence of the window always notices it)
+
+    @property
+    def view_bound_s(self) -> float:
+        assert self.view_quiet_s is not None  # resolved in __post_init__
+        return self.view_quiet_s
 
     def __post_init__(self) -> None:
+        if self.view_quiet_s is None:
+            object.__setattr__(self, "view_quiet_s", 0.6 * self.probe_window_s)
         if not 0 < self.suspect_after_s < self.probe_window_s:
             raise ValueError(
                 f"failover: suspect_after_s ({self.suspect_after_s}) must be above 0 and below "
@@ -82,6 +108,15 @@ class DetectorConfig:
             )
         if self.beacon_grace_s <= 0:
             raise ValueError(f"failover: beacon_grace_s ({self.beacon_grace_s}) must be above 0")
+        if self.refusal_beacon_quiet_s <= 0:
+            raise ValueError(
+                f"failover: refusal_beacon_quiet_s ({self.refusal_beacon_quiet_s}) must be above 0"
+            )
+        if not 0 < self.view_bound_s < self.probe_window_s:
+            raise ValueError(
+                f"failover: view_quiet_s ({self.view_quiet_s}) must be above 0 and below "
+                f"probe_window_s ({self.probe_window_s})"
+            )
 
 
 @dataclass(frozen=True)
@@ -92,6 +127,7 @@ class PeerState:
     quiet_floor: float  # silences are measured from here at the earliest
     last_heartbeat: float | None = None
     last_beacon: float | None = None
+    last_any_beacon: float | None = None  # anyone's beacon: our view of the control topic works
     slow: bool = False
     goodbye_at: float | None = None
     broken_at: float | None = None  # the stream broke or a connect timed out since a heartbeat
@@ -130,8 +166,10 @@ def observe(state: PeerState, signal: Signal, at: float, config: DetectorConfig)
         return state if state.broken_at is not None else replace(state, broken_at=at)
     if signal is Signal.REFUSED:
         return replace(state, refused_at=at)
+    if signal is Signal.ANY_BEACON:
+        return replace(state, last_any_beacon=_latest(state.last_any_beacon, at))
     if signal is Signal.BEACON:
-        state = replace(state, last_beacon=at)
+        state = replace(state, last_beacon=at, last_any_beacon=_latest(state.last_any_beacon, at))
         if state.refused_at is not None and at - state.refused_at > config.beacon_grace_s:
             state = replace(state, refusals_untrusted=True, removed_at=None)
         return state
@@ -147,15 +185,30 @@ def decide(state: PeerState, now: float, config: DetectorConfig) -> Decision:
     if state.goodbye_at is not None:
         return Decision(Verdict.SUSPECT, "stopped cleanly and expected back; not removed")
     seen = state.last_heartbeat is not None
+    kafka_quiet = _quiet(state.last_beacon, state, now)
+    view_quiet = _quiet(state.last_any_beacon, state, now)
+    cut_off = view_quiet is not None and view_quiet >= config.view_bound_s
+    blind = f"no beacon from anyone for {view_quiet or 0.0:.1f} s: our own view is cut off"
     if seen and state.refused_at is not None and not state.refusals_untrusted:
-        return _dead("process gone: its port refuses connections", state)
+        if kafka_quiet is None:
+            return _dead("process gone: its port refuses connections", state)
+        if cut_off:
+            return Decision(Verdict.SUSPECT, f"its port refuses, but {blind}")
+        bound = config.refusal_beacon_quiet_s
+        if kafka_quiet < bound:
+            return Decision(Verdict.SUSPECT, "its port refuses but its beacon is fresh")
+        assert state.last_beacon is not None and state.last_any_beacon is not None
+        if state.last_any_beacon - state.last_beacon <= bound:
+            return Decision(
+                Verdict.SUSPECT, "its port refuses; no beacon of anyone yet to show its own is late"
+            )
+        return _dead(f"process gone: its port refuses and no beacon for {kafka_quiet:.1f} s", state)
     last_heard = state.watching_since if state.last_heartbeat is None else state.last_heartbeat
     http_quiet = now - max(last_heard, state.quiet_floor)
-    kafka_quiet = (
-        None if state.last_beacon is None else now - max(state.last_beacon, state.quiet_floor)
-    )
     window = config.probe_window_s
     if kafka_quiet is not None and http_quiet >= window and kafka_quiet >= window:
+        if cut_off:
+            return Decision(Verdict.SUSPECT, f"silent on HTTP and Kafka, but {blind}")
         return _dead(f"silent on HTTP and Kafka for {window:g} s: paused or hung", state)
     kafka_fresh = kafka_quiet is not None and kafka_quiet < window
     if state.refused_at is not None:
@@ -170,6 +223,15 @@ def decide(state: PeerState, now: float, config: DetectorConfig) -> Decision:
     if state.slow:
         return Decision(Verdict.ALIVE, "alive but its event loop runs late")
     return Decision(Verdict.ALIVE, "heartbeat on time")
+
+
+def _latest(last: float | None, at: float) -> float:
+    return at if last is None else max(last, at)
+
+
+def _quiet(last: float | None, state: PeerState, now: float) -> float | None:
+    """How long a channel has been quiet at `now`, counted from our resumption at the earliest."""
+    return None if last is None else now - max(last, state.quiet_floor)
 
 
 def _dead(reason: str, state: PeerState) -> Decision:

@@ -8,9 +8,10 @@ reconnects at once, so a dead process is confirmed by a refusal within milliseco
 that stays quiet for `suspect_after_s` is dropped and reopened, so a silently lost connection
 never hides a peer. Beacons (beacon.py) are fed in by whoever reads the control topic.
 
-Every `tick_s` the core decides each peer; a decision to remove calls `on_dead(instance,
-member_id)` (e.g. remove_static_members with that member id, so a newer incarnation is never
-removed) and, when it returns True, records the removal. Our own lateness is measured on each
+Every `tick_s` the core decides each peer; a decision to remove is made again right before
+`on_dead(instance, member_id)` is called (a heartbeat or a beacon may have come meanwhile),
+e.g. remove_static_members with that member id, so a newer incarnation is never removed, and,
+when it returns True, records the removal. Our own lateness is measured on each
 tick: a tick later than `observer_stall_s` restarts the silence counts (rule 6).
 """
 
@@ -89,6 +90,7 @@ class FailureDetector:
         self._headers = dict(headers or {})  # e.g. the query token, if the route is guarded
         self.peers: dict[str, Peer] = {}
         self._beacons: dict[str, float] = {}  # instance -> when its last beacon arrived
+        self._any_beacon: float | None = None  # anyone's, our own echo too (rule 9)
         self.removed: list[tuple[str, float]] = []  # (instance, when) for stats and tests
         self._session: aiohttp.ClientSession | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -116,9 +118,14 @@ class FailureDetector:
 
     # inputs ------------------------------------------------------------------------------
     def on_beacon(self, instance: str) -> None:
-        """A beacon of `instance` arrived through Kafka (see beacon.beacon_origin)."""
+        """A beacon of `instance` arrived through Kafka (see beacon.beacon_origin).
+
+        Our own beacon's echo counts too: it shows our view of the control topic works, which
+        is what makes a quiet beacon of a peer mean something (rule 9).
+        """
         now = self._clock()
         self._beacons[instance] = now
+        self._any_beacon = now  # given to each peer's state when it is decided (_decide)
         if instance in self.peers:
             self._observe(self.peers[instance], Signal.BEACON, now)
 
@@ -145,8 +152,16 @@ class FailureDetector:
     def _observe(self, peer: Peer, signal: Signal, at: float) -> None:
         peer.state = observe(peer.state, signal, at, self.config)
 
+    def _decide(self, peer: Peer) -> Decision:
+        """The core's decision now, once the latest beacon of anyone is in the peer's state
+        (passed here rather than to every peer at every beacon: N peers, N beacons)."""
+        heard = self._any_beacon
+        if heard is not None and (peer.state.last_any_beacon or float("-inf")) < heard:
+            self._observe(peer, Signal.ANY_BEACON, heard)
+        return decide(peer.state, self._clock(), self.config)
+
     def _evaluate(self, peer: Peer) -> None:
-        decision = decide(peer.state, self._clock(), self.config)
+        decision = self._decide(peer)
         if decision.verdict is not peer.decision.verdict:
             log.info(
                 "peer liveness changed",
@@ -161,6 +176,15 @@ class FailureDetector:
 
     async def _remove(self, peer: Peer, decision: Decision) -> None:
         try:
+            # Decided a moment ago (or a retry later): a heartbeat or a beacon may have come
+            # since, and a removal of a live peer costs the group a rebalance. Decide again.
+            decision = self._decide(peer)
+            if not decision.remove:
+                log.info(
+                    "peer not removed: alive again", peer=peer.instance, reason=decision.reason
+                )
+                peer.decision = decision
+                return
             log.warning("removing dead peer", peer=peer.instance, reason=decision.reason)
             if await self._on_dead(peer.instance, peer.member_id):
                 now = self._clock()

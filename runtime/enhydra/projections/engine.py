@@ -79,10 +79,7 @@ class ProjectionStep:
             give_up=give_up,
             read=self.read,
         )
-        puts = [
-            (k.encode("utf-8"), encode(e) if e is not None else None)
-            for k, e in result.changed.items()
-        ]
+        puts = [(k.encode("utf-8"), encode(e)) for k, e in result.changed.items()]
         return StepOutput(
             outputs={},
             puts=puts,
@@ -150,9 +147,10 @@ class ProjectionEngine(TaskRunner):
             return "not_hosted" if hosted_elsewhere else "unavailable", partition, None
         assert access.store is not None
         raw = access.store.get(raw_key)
-        if raw is None:
+        entry = decode(raw) if raw is not None else None
+        if entry is None or entry.deleted:  # a deleted key keeps its offsets, not a value
             return "missing", partition, None
-        return "found", partition, decode(raw).state
+        return "found", partition, entry.state
 
     def describe(self) -> dict[str, object]:
         return {

@@ -67,11 +67,19 @@ class Projection:
 
 @dataclass(slots=True)
 class ProjectedEntry:
-    """A projection's stored value: the state, the events offset and source that last changed it."""
+    """A projection's stored value: the state, the events offset and source that last changed it.
+
+    A key `project` deleted keeps an entry with state None (a marker): dropping the value would
+    drop the offset and source with it, and a redelivered event would be folded again.
+    """
 
     state: State
     offset: int = -1
     source: Source | None = None
+
+    @property
+    def deleted(self) -> bool:
+        return self.state is None
 
 
 def encode(entry: ProjectedEntry) -> bytes:
@@ -98,7 +106,7 @@ class EventRecord:
 
 @dataclass(slots=True)
 class FoldResult:
-    changed: dict[str, ProjectedEntry | None] = field(default_factory=dict)  # None: deleted
+    changed: dict[str, ProjectedEntry] = field(default_factory=dict)  # state None: deleted
     skipped: int = 0  # redelivered by Kafka
     duplicates: int = 0  # published again by the service
     ignored: int = 0  # records without a key or a JSON object value: nothing to fold
@@ -151,7 +159,7 @@ def fold_batch(
                 result.duplicates += 1  # a copy of an event already folded
                 continue
             source = source or entry.source
-        state = entry.state if entry is not None else projection.initial_state
+        state = entry.state if entry is not None and not entry.deleted else projection.initial_state
         try:
             state = project(state, event)
         except transient as exc:
@@ -160,9 +168,7 @@ def fold_batch(
             result.interrupted = (record.offset, exc)
             result.last_offset = record.offset - 1
             break
-        result.changed[key] = (
-            None if state is None else ProjectedEntry(state, record.offset, source)
-        )
+        result.changed[key] = ProjectedEntry(state, record.offset, source)
     return result
 
 

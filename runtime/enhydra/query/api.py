@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from enhydra.failover.endpoint import DEFAULT_MAX_STREAMS
 from enhydra.query.metrics import Histogram
 from enhydra.query.routing import Peers
 
@@ -74,6 +75,7 @@ class ApiConfig:
     query_token: str = ""
     max_scan_limit: int = 1000
     forward_timeout_s: float = 5.0
+    liveness_max_streams: int = DEFAULT_MAX_STREAMS
 
     @classmethod
     def of(cls, settings: Settings | None) -> ApiConfig:
@@ -85,6 +87,7 @@ class ApiConfig:
             query_token=settings.query_token,
             max_scan_limit=settings.max_scan_limit,
             forward_timeout_s=settings.forward_timeout_ms / 1000,
+            liveness_max_streams=settings.liveness_max_streams,
         )
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from enhydra.failover.endpoint import STREAM_PATH
+from enhydra.failover.endpoint import STREAM_PATH, STREAM_POLICY, StreamPolicy
 from enhydra.logs import get_logger
 from enhydra.query.api import AdminRoute, ApiConfig, ApiContext, ApiError
 from enhydra.query.metrics import Histogram
@@ -98,6 +98,8 @@ def build_app(
     app.on_startup.append(start_peers)
     app.on_cleanup.append(close_peers)
     app[ROUTES] = table
+    # the liveness stream (failover/endpoint.py) is added to this app by the runtime
+    app[STREAM_POLICY] = StreamPolicy(_stream_guard(config), config.liveness_max_streams)
     return app
 
 
@@ -127,13 +129,7 @@ def _handler(route: Route, config: ApiConfig) -> Callable[[web.Request], Awaitab
                 query_token=config.query_token,
             )
         except Denied as denied:
-            headers = {"WWW-Authenticate": 'Bearer realm="enhydra"'}
-            raise ApiError(
-                denied.status,
-                denied.code,
-                denied.reason,
-                headers if denied.status == 401 else None,
-            ) from None
+            raise _refusal(denied) from None
         try:
             args = route.parse(request)
         except BadRequest as bad:
@@ -145,6 +141,31 @@ def _handler(route: Route, config: ApiConfig) -> Callable[[web.Request], Awaitab
         return await route.handler(request, args)
 
     return handle
+
+
+def _refusal(denied: Denied) -> ApiError:
+    headers = {"WWW-Authenticate": 'Bearer realm="enhydra"'}
+    return ApiError(
+        denied.status, denied.code, denied.reason, headers if denied.status == 401 else None
+    )
+
+
+def _stream_guard(config: ApiConfig) -> Callable[[web.Request], web.Response | None]:
+    """The liveness stream answers whom the queries answer: peers send the query token."""
+
+    def refuse(request: web.Request) -> web.Response | None:
+        try:
+            check(
+                "query",
+                request.headers.get("Authorization", ""),
+                admin_token=config.admin_token,
+                query_token=config.query_token,
+            )
+        except Denied as denied:
+            return _refusal(denied).response()
+        return None
+
+    return refuse
 
 
 def _errors_and_timing(ctx: ApiContext):

@@ -8,11 +8,13 @@ which stays correct while keys are added or removed between pages.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import heapq
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from enhydra.contracts.codec import decode_entry
@@ -99,7 +101,58 @@ def scan_stores(stores: Iterable[PartitionStore], rng: KeyRange, limit: int) -> 
 
 
 def count_stores(stores: Iterable[PartitionStore], rng: KeyRange) -> int:
+    """Every key of `rng` in `stores`, in one go: for small stores and tests (see count_slices)."""
     return sum(1 for store in stores for _ in _keys(store, rng))
+
+
+COUNT_SLICE_S = 0.02  # the longest a count holds the event loop at a time
+_CHECK_EVERY = 1024  # keys between two looks at the clock
+
+
+def count_slice(
+    store: PartitionStore, rng: KeyRange, budget_s: float = COUNT_SLICE_S
+) -> tuple[int, bytes | None]:
+    """Count keys of `rng` for about `budget_s`: (how many, the last key counted, or None when
+    the range is done). The iterator does not outlive the call."""
+    deadline = time.perf_counter() + budget_s
+    counted, last = 0, None
+    for key, _ in _keys(store, rng):
+        counted += 1
+        last = key
+        if counted % _CHECK_EVERY == 0 and time.perf_counter() >= deadline:
+            return counted, last
+    return counted, None
+
+
+async def count_slices(
+    stores: Callable[[], list[PartitionStore]],
+    rng: KeyRange,
+    *,
+    budget_s: float = COUNT_SLICE_S,
+) -> int:
+    """Count keys of `rng` over the stores, yielding the event loop every `budget_s`.
+
+    A store of millions of keys takes seconds to count; on the loop in one go it froze
+    processing, heartbeats and the liveness stream long enough for peers to take the instance
+    for dead. Not on a thread either: a rebalance closes a store from the loop, which must not
+    happen under a running RocksDB iterator. So the loop counts in slices, each with its own
+    iterator that resumes after the last key counted, and asks `stores()` again after every
+    pause (which raises when a partition moved away meanwhile). A key added or removed during
+    the count is counted or not, as with any read that is not a snapshot.
+    """
+    total = 0
+    index, after = 0, rng.after
+    while True:
+        current = stores()
+        if index >= len(current):
+            return total
+        counted, last = count_slice(current[index], replace(rng, after=after), budget_s)
+        total += counted
+        if last is None:
+            index, after = index + 1, rng.after
+        else:
+            after = last
+        await asyncio.sleep(0)
 
 
 def merge_pages(pages: Iterable[tuple[list[Item], bool]], limit: int) -> tuple[list[Item], bool]:

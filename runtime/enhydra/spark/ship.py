@@ -31,6 +31,7 @@ import hashlib
 import importlib
 import io
 import os
+import stat
 import sys
 import tempfile
 import zipfile
@@ -164,12 +165,31 @@ def _zip(entries: Iterable[tuple[Path, str]]) -> bytes:
     return buffer.getvalue()
 
 
+def _private_dir(directory: Path) -> Path:
+    """`directory`, made if missing, once it is certainly ours alone.
+
+    It sits in the shared temp folder under a name anyone can guess: another user could make
+    it first (or a symlink to their folder) and swap the code our executors import.
+    """
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()  # lstat: a symlink is judged itself, not where it points
+    problem = None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problem = "is not a plain directory (a symlink?)"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem is not None:
+        raise ShipError(f"{directory} {problem}; remove it or point TMPDIR at a private folder")
+    return directory
+
+
 def _write(data: bytes, stem: str) -> Path:
     """Write under a name that carries the content's hash: Spark refuses a second file with
     the same name, and the same code shipped twice is one file."""
     digest = hashlib.sha256(data).hexdigest()[:12]
-    directory = Path(tempfile.gettempdir()) / f"enhydra-ship-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
+    directory = _private_dir(Path(tempfile.gettempdir()) / f"enhydra-ship-{os.getuid()}")
     path = directory / f"{stem}-{digest}.zip"
     if not path.exists():
         partial = path.with_suffix(f".{os.getpid()}.partial")

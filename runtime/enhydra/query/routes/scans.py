@@ -6,7 +6,8 @@ asks them (fan-out); with it, it answers from its own active copies only (one le
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -14,12 +15,15 @@ from aiohttp import web
 
 from enhydra.query.api import ApiContext, ApiError, json_response, unavailable
 from enhydra.query.openapi import BadRequest, Param, Route, store_param
-from enhydra.query.scan import KeyRange, count_stores, encode_cursor, merge_pages, scan_stores
+from enhydra.query.scan import KeyRange, count_slices, encode_cursor, merge_pages, scan_stores
 from enhydra.runner.registry import Verdict
+
+COUNTS_AT_ONCE = 2  # whole-store counts run in slices on the loop; more would crowd it
 
 
 def routes(ctx: ApiContext) -> list[Route]:
     instance_id = ctx.instance_id
+    counting = [0]  # counts running on this instance now
 
     def local_stores(partitions: list[int]) -> list:
         registry = ctx.engine().registry
@@ -61,20 +65,33 @@ def routes(ctx: ApiContext) -> list[Route]:
             owners.setdefault(owner, []).append(partition)
         return owners
 
-    async def fan_out(what: str, store: str, params: dict[str, str], local: Callable) -> list:
-        """Answer from each owner for its partitions; any owner unable to answer fails all."""
+    async def fan_out(
+        what: str,
+        store: str,
+        params: dict[str, str],
+        local: Callable[[list[int]], Awaitable[dict[str, Any]]],
+    ) -> list:
+        """Answer from each owner for its partitions (this instance's own part meanwhile, with
+        `local`); any owner unable to answer fails all."""
         owners = plan()
         engine = ctx.engine()
         calls = {}
         results = []
+        mine: list[int] = []
         for owner, parts in owners.items():
             if owner == instance_id:
-                results.append(local(local_stores(parts)))
+                mine = parts
                 continue
             url = engine.registry.group.instances[owner].get("url", "")
             leg = {**params, "partitions": ",".join(map(str, parts))}
             calls[owner] = ctx.peers.get(url, f"/v1/stores/{quote(store, safe='')}/{what}", leg)
-        for owner, answer in (await ctx.peers.gather(calls)).items():
+
+        async def own_part() -> None:
+            if mine:
+                results.append(await local(mine))
+
+        _, answers = await asyncio.gather(own_part(), ctx.peers.gather(calls))
+        for owner, answer in answers.items():
             body = answer.json()
             if answer.status != 200 or not isinstance(body, dict):
                 raise unavailable(
@@ -99,9 +116,11 @@ def routes(ctx: ApiContext) -> list[Route]:
             stores = local_stores(parse_partitions(args["partitions"]))
             return json_response(page(*scan_stores(stores, rng, limit)))
         params = {**range_params(args), "limit": str(limit)}
-        pages = await fan_out(
-            "scan", args["store"], params, lambda stores: page(*scan_stores(stores, rng, limit))
-        )
+
+        async def scan_part(parts: list[int]) -> dict[str, Any]:
+            return page(*scan_stores(local_stores(parts), rng, limit))
+
+        pages = await fan_out("scan", args["store"], params, scan_part)
         items, more = merge_pages(
             (([(i["key"], i["value"]) for i in p["items"]], p["more"]) for p in pages), limit
         )
@@ -116,15 +135,30 @@ def routes(ctx: ApiContext) -> list[Route]:
         ctx.check_store(args["store"])
         rng = KeyRange.from_args(args["prefix"], args["from"], args["to"], None)
         if args["partitions"] is not None:
-            stores = local_stores(parse_partitions(args["partitions"]))
-            return json_response({"count": count_stores(stores, rng)})
+            parts = parse_partitions(args["partitions"])
+            return json_response({"count": await count_local(parts, rng)})
         answers = await fan_out(
             "count",
             args["store"],
             range_params(args),
-            lambda stores: {"count": count_stores(stores, rng)},
+            lambda parts: count_part(parts, rng),
         )
         return json_response({"count": sum(int(a.get("count", 0)) for a in answers)})
+
+    async def count_part(parts: list[int], rng: KeyRange) -> dict[str, int]:
+        return {"count": await count_local(parts, rng)}
+
+    async def count_local(parts: list[int], rng: KeyRange) -> int:
+        """This instance's part of a count: in slices, between which the loop runs on (a
+        partition that moves away meanwhile ends the count with a 503 or a 421)."""
+        local_stores(parts)  # refused at once when not hosted here
+        if counting[0] >= COUNTS_AT_ONCE:
+            raise unavailable(f"{COUNTS_AT_ONCE} counts are running on this instance; retry")
+        counting[0] += 1
+        try:
+            return await count_slices(lambda: local_stores(parts), rng)
+        finally:
+            counting[0] -= 1
 
     def range_query(*, cursor: bool) -> tuple[Param, ...]:
         params = [
