@@ -193,7 +193,10 @@ class Settings:
     web_port: int = _env(_port, 6066)
     advertised_url: str = _env(_url, "")
     partitions: int = _env(_positive_int, 4)
-    replication_factor: int = _env(_positive_int, 1)
+    # Topic durability (kafka/topics.py applies both to every topic any path creates): unset,
+    # the broker's own default.replication.factor and min.insync.replicas.
+    replication_factor: int | None = _env(_positive_int, None)
+    min_insync_replicas: int | None = _env(_positive_int, None)
     client_tags: dict[str, str] = _env(_tags, {})
     log_format: str = _env(_choice("auto", "json", "console"), "auto")
     log_level: str = _env(_choice("debug", "info", "warning", "error"), "info")
@@ -272,6 +275,13 @@ class Settings:
                 "heartbeat_interval_ms",
                 self.heartbeat_interval_ms,
                 f"less than session_timeout_ms ({self.session_timeout_ms})",
+            )
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        if rf is not None and isr is not None and isr > rf:
+            raise SettingsError(
+                "min_insync_replicas",
+                isr,
+                f"at most ENHYDRA_REPLICATION_FACTOR ({rf}): every acks=all write would fail",
             )
         if not 1000 < self.failure_probe_window_ms < self.session_timeout_ms:
             raise SettingsError(
@@ -366,6 +376,11 @@ class Connection:
     ssl_keyfile: Path | None = None
     ssl_key_password: str = field(default="", repr=False)
     ssl_check_hostname: bool = True
+    # How durable the topics created through this connection are (None: the broker's default).
+    # They travel with the connection because every command that creates topics (run, reset,
+    # snapshot restore/clone, backfill) already builds one from the same ENHYDRA_* variables.
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
     def __post_init__(self) -> None:
         if self.sasl_password_file is not None:

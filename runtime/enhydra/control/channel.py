@@ -27,8 +27,8 @@ log = get_logger("enhydra.control")
 SHUTDOWN_APPLICATION = "shutdown_application"
 
 
-def control_topic_spec(app_id: str, replication_factor: int = 1) -> TopicSpec:
-    return TopicSpec(control_topic_name(app_id), 1, replication_factor)
+def control_topic_spec(app_id: str) -> TopicSpec:
+    return TopicSpec(control_topic_name(app_id), 1)
 
 
 class ControlChannel:
