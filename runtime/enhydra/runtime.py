@@ -22,6 +22,7 @@ import asyncio
 import gc
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from faust.app.base import BootStrategy
 from mode import Service as ModeService
 
 from enhydra.control.channel import SHUTDOWN_APPLICATION, ControlChannel
+from enhydra.control.signing import missing_secret
 from enhydra.errors.policies import UncaughtPolicy
 from enhydra.errors.uncaught import (
     EXIT_CANNOT_START,
@@ -57,6 +59,7 @@ from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
 from enhydra.runner.runner import FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
+from enhydra.snapshots.admission import refusal, same_storage
 from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
 from enhydra.spec import ResolvedService
 from enhydra.topology.asyncapi import asyncapi_of
@@ -137,18 +140,20 @@ class Runtime:
     async def _snapshot_now(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         """Take a consistent snapshot of the whole application now (returns its id at once).
 
-        Body (optional JSON): {"storage": "<url>"}; default ENHYDRA_SNAPSHOT_STORAGE. Poll
+        Body (optional JSON): {"storage": "<url>"}, which must be ENHYDRA_SNAPSHOT_STORAGE (the
+        control plane refuses any other, snapshots/admission.py). Poll
         `enhydra snapshot list` or watch the log for "snapshot written".
         """
-        storage = body.get("storage") or self.settings.snapshot_storage
-        if not isinstance(storage, str) or not storage:
-            return web.json_response(
-                {
-                    "error": "no snapshot storage: set ENHYDRA_SNAPSHOT_STORAGE or pass storage",
-                    "code": "bad_request",
-                },
-                status=400,
-            )
+        configured = self.settings.snapshot_storage
+        storage = body.get("storage") or configured
+        if not configured or not isinstance(storage, str):
+            reason = "no snapshot storage: set ENHYDRA_SNAPSHOT_STORAGE"
+        elif same_storage(storage) != same_storage(configured):
+            reason = f"instances write snapshots only to ENHYDRA_SNAPSHOT_STORAGE ({configured})"
+        else:
+            reason = ""
+        if reason:
+            return web.json_response({"error": reason, "code": "bad_request"}, status=400)
         if self.snapshots is None:
             return web.json_response(
                 {"error": "the worker is starting", "code": "starting"},
@@ -256,6 +261,10 @@ class Runtime:
         except KafkaAccessError as exc:
             log.error(exc.what, **exc.fields())
             return EXIT_CANNOT_START
+        missing = missing_secret(s.security_protocol, s.control_key, s.app_id)
+        if missing:
+            log.error(missing, setting="ENHYDRA_CONTROL_SECRET")
+            return EXIT_CANNOT_START
         code = 0
         try:
             worker.execute_from_commandline()
@@ -322,7 +331,20 @@ class Supervisor:
         engine.on_failure = self._on_failure
         rt.engine = engine
         await engine.start()  # creates the topics, the control topic among them
-        self.control = ControlChannel(s.connection, s.app_id, s.instance_id, self._on_control)
+        self.control = ControlChannel(
+            s.connection,
+            s.app_id,
+            s.instance_id,
+            self._on_control,
+            secret=s.control_key,
+            admit=self._admit,
+        )
+        if s.control_key is None:
+            log.warning(
+                "control topic unsigned: anyone who may write it can stop the application",
+                topic=self.control.topic,
+                hint="set ENHYDRA_CONTROL_SECRET (or _FILE) to the same value on every instance",
+            )
         rt.snapshots = LiveSnapshots(rt, self.control.send)
         await self.control.start()
         rt.snapshots.start()
@@ -401,6 +423,22 @@ class Supervisor:
             rt.shutdown(EXIT_SHUTDOWN_APPLICATION, "shutting down the whole application")
             return
         rt.shutdown(EXIT_SHUTDOWN_CLIENT, "shutting down this instance")
+
+    def _admit(self, message: dict[str, Any]) -> str | None:
+        """Why a signed control message must not act here (snapshots/admission.py), or None."""
+        s = self.runtime.settings
+        return refusal(
+            message,
+            app_id=s.app_id,
+            storage=s.snapshot_storage,
+            position=self._position,
+            now=time.time(),
+        )
+
+    def _position(self, partition: int) -> int | None:
+        engine = self.runtime.engine
+        store = engine.active_store(partition) if engine is not None else None
+        return store.input_offset + 1 if store is not None else None
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         rt = self.runtime

@@ -250,6 +250,10 @@ class Settings:
     forward_timeout_ms: int = _env(_positive_int, 5000)
     commands_topic: str = _env(_text, "")  # read another app's commands (a clone, blue/green)
     snapshot_storage: str = _env(_text, "")
+    # Control topic messages are signed with this secret, shared by every instance of the app
+    # (control/signing.py says what happens when it is unset).
+    control_secret: str = _env(_text, "", repr=False)
+    control_secret_file: Path | None = _env(_readable_file, None)
     snapshot_interval_s: int = _env(_non_negative_int, 0)
     snapshot_retention: int = _env(_non_negative_int, 0)
     snapshot_timeout_s: int = _env(_positive_int, 300)
@@ -283,12 +287,18 @@ class Settings:
                 isr,
                 f"at most ENHYDRA_REPLICATION_FACTOR ({rf}): every acks=all write would fail",
             )
+        self.control_key  # noqa: B018 - an unreadable secret file fails at start
         if not 1000 < self.failure_probe_window_ms < self.session_timeout_ms:
             raise SettingsError(
                 "failure_probe_window_ms",
                 self.failure_probe_window_ms,
                 f"more than 1000 and less than session_timeout_ms ({self.session_timeout_ms})",
             )
+
+    @functools.cached_property
+    def control_key(self) -> bytes | None:
+        """The key control messages are signed with (control/signing.py), None: unsigned."""
+        return control_secret(self.control_secret, self.control_secret_file)
 
     @property
     def store_dir(self) -> Path:
@@ -316,6 +326,36 @@ class Settings:
     def names(cls) -> list[str]:
         """The environment variable of every setting, for docs and `--help`."""
         return [PREFIX + f.name.upper() for f in dataclasses.fields(cls)]
+
+
+def control_secret(secret: str, path: Path | None) -> bytes | None:
+    """The control topic's signing key: ENHYDRA_CONTROL_SECRET or the file it is mounted as."""
+    if path is not None:
+        if secret:
+            raise SettingsError(
+                "control_secret_file",
+                str(path),
+                "either ENHYDRA_CONTROL_SECRET or ENHYDRA_CONTROL_SECRET_FILE, not both",
+            )
+        try:
+            secret = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                "control_secret_file", str(path), f"a readable file ({exc})"
+            ) from None
+        if not secret:
+            raise SettingsError("control_secret_file", str(path), "a file holding the secret")
+    return secret.encode() if secret else None
+
+
+def control_secret_from_env(env: Mapping[str, str] | None = None) -> bytes | None:
+    """The signing key for a command that runs no application (`enhydra snapshot create`)."""
+    env = os.environ if env is None else env
+    path = env.get(PREFIX + "CONTROL_SECRET_FILE", "").strip()
+    return control_secret(
+        env.get(PREFIX + "CONTROL_SECRET", "").strip(),
+        _readable_file("control_secret_file", path) if path else None,
+    )
 
 
 INSTANCE_ID_FILE = "instance-id"

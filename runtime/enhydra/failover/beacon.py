@@ -3,7 +3,9 @@
 A peer whose HTTP port cannot be reached but whose beacon keeps arriving is running and
 reaching Kafka (so it is consuming): the detector must not remove it. The beacon is sent with
 the control channel's `send(kind, **fields)` and read where control messages are read, so it
-needs no client of its own.
+needs no client of its own. It is therefore signed like every control message
+(control/signing.py): a beacon forged or copied by another writer is refused before it
+reaches the detector, so it cannot keep a dead peer looking alive.
 """
 
 from __future__ import annotations
