@@ -52,9 +52,10 @@ from enhydra.failover import (
 from enhydra.kafka.clients import check_access
 from enhydra.kafka.errors import KafkaAccessError
 from enhydra.kafka.membership import FencedInstanceIdError, remove_static_members
-from enhydra.kafka.topics import TopicError
+from enhydra.kafka.topics import TopicError, TopicSpec
 from enhydra.logs import get_logger
 from enhydra.processing.engine import Engine
+from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
 from enhydra.runner.runner import FencedInstance
@@ -78,6 +79,24 @@ class _BootStrategy(BootStrategy):
 class _App(faust.App):
     BootStrategy = _BootStrategy
     logger = _LIFECYCLE_LOGGER
+
+
+def topic_specs(service: ResolvedService) -> list[TopicSpec]:
+    """Every topic an instance of `service` creates at start, as its engines declare them.
+
+    Built by the engines themselves (nothing starts), so `enhydra topology check --live`
+    checks exactly the layout a start would.
+    """
+    s, bound = service.settings, service.bound
+    engine = Engine(s, bound, policies=service.policies, transient=service.spec.transient_errors)
+    specs = {spec.name: spec for spec in engine.topic_specs()}
+    for projection, plugin in service.projections:
+        host = ProjectionEngine(
+            s, projection, bound.events_topic, plugin=plugin, aggregate=bound.aggregate
+        )
+        for spec in host.topic_specs():
+            specs.setdefault(spec.name, spec)
+    return list(specs.values())
 
 
 def settle_heap() -> None:

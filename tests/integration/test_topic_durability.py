@@ -117,3 +117,53 @@ def test_more_replicas_than_brokers_is_one_plain_line(service_factory, kafka_boo
     with pytest.raises(TopicError, match="ENHYDRA_REPLICATION_FACTOR=3"):
         asyncio.run(recreate_topics(three, [TopicSpec(kept, 1)]))
     assert kept in asyncio.run(durability(kafka_bootstrap, kept))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_topology_check_live_names_each_wrong_topic_and_its_fix(kafka_bootstrap, app_id) -> None:
+    env = {"ENHYDRA_APP_ID": app_id, "ENHYDRA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    check = ("topology", "check", TARGET, "--live")
+    missing = cli(env, *check)
+    assert missing.returncode == 1
+    assert f"topic {app_id}-commands: missing" in missing.stdout
+    # Made elsewhere with the broker's defaults: no compaction, a 7-day retention.
+    roles = ("commands", "events", "rejections", "accounts-changelog", "dlq", "control")
+    names = [f"{app_id}-{role}" for role in roles]
+    partitions = {f"{app_id}-control": 1}
+    plain = [TopicSpec(n, partitions.get(n, 4)) for n in names]
+    asyncio.run(ensure_topics(kafka_bootstrap, plain))
+
+    wrong = cli(env, *check)
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    lines = wrong.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        f"topic {app_id}-events",
+        f"topic {app_id}-accounts-changelog",
+        f"topic {app_id}-dlq",
+    ], lines
+    assert lines[1] == (
+        f"topic {app_id}-accounts-changelog: cleanup.policy=delete, expected "
+        "cleanup.policy=compact (a changelog); fix: kafka-configs.sh --bootstrap-server "
+        f"<broker> --alter --entity-type topics --entity-name {app_id}-accounts-changelog "
+        "--add-config cleanup.policy=compact"
+    )
+
+    async def apply_the_fixes() -> None:
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        keep = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+        fixes = {
+            f"{app_id}-events": keep,
+            f"{app_id}-dlq": keep,
+            f"{app_id}-accounts-changelog": {"cleanup.policy": "compact"},
+        }
+        async with open_admin(Connection.plain(kafka_bootstrap)) as admin:
+            await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, n, c) for n, c in fixes.items()]
+            )
+
+    asyncio.run(apply_the_fixes())
+    right = cli(env, *check)
+    assert right.returncode == 0, right.stdout + right.stderr
+    assert right.stdout == "6 topics checked: every layout is right\n"

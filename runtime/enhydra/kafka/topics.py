@@ -401,25 +401,32 @@ async def verify_topics(conn: Connection | str, specs: list[TopicSpec]) -> list[
     conn = as_connection(conn)
     async with open_admin(conn, client_id="enhydra-verify") as admin:
         durability = await durability_for(admin, conn)
-        existing = set(await admin.list_topics())
-        findings = [
-            Finding(s.name, "missing", "a topic", "start the service once, or create it", True)
-            for s in specs
-            if s.name not in existing
-        ]
-        present = [s for s in specs if s.name in existing]
-        counts = await partition_counts(admin, [s.name for s in present]) if present else {}
-        findings += [
-            Finding(
-                s.name,
-                f"{counts[s.name]} partitions",
-                f"{s.partitions} (ENHYDRA_PARTITIONS)",
-                "a new app id, or repartition the topic",
-            )
-            for s in present
-            if s.name in counts and counts[s.name] != s.partitions
-        ]
-        return findings + await check_layout(admin, present, durability)
+        try:
+            return await _verify(admin, specs, durability)
+        except KafkaError as exc:
+            raise explain(exc, conn, doing="describe the application's topics") from exc
+
+
+async def _verify(admin: Admin, specs: list[TopicSpec], durability: Durability) -> list[Finding]:
+    existing = set(await admin.list_topics())
+    findings = [
+        Finding(s.name, "missing", "the topic", "start the service once: it creates it")
+        for s in specs
+        if s.name not in existing
+    ]
+    present = [s for s in specs if s.name in existing]
+    counts = await partition_counts(admin, [s.name for s in present]) if present else {}
+    findings += [
+        Finding(
+            s.name,
+            f"{counts[s.name]} partitions",
+            f"{s.partitions} partitions (ENHYDRA_PARTITIONS)",
+            "a new app id, or repartition the topic",
+        )
+        for s in present
+        if s.name in counts and counts[s.name] != s.partitions
+    ]
+    return findings + await check_layout(admin, present, durability)
 
 
 def history_loss(configs: dict[str, str]) -> list[str]:
