@@ -249,9 +249,10 @@ async def check_layout(
     ]
     configs: dict[str, dict[str, str]] = {}
     for response in await admin.describe_configs(resources) if resources else []:
-        for error_code, _message, _type, name, entries in response.resources:
-            if not error_code:
-                configs[name] = {entry[0]: entry[1] for entry in entries}
+        for error_code, message, _type, name, entries in response.resources:
+            if error_code:  # unread is not "wrong": say why it could not be read
+                raise for_code(error_code)(f"{name}: {message or 'error ' + str(error_code)}")
+            configs[name] = {entry[0]: entry[1] for entry in entries}
     findings: list[Finding] = []
     for spec in specs:
         if spec.name in replicas:
