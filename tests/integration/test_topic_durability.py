@@ -93,6 +93,22 @@ def test_start_reset_restore_and_clone_all_create_topics_the_one_way(
     assert f"{twin}-accounts-changelog" in after
     assert {name: d for name, d in after.items() if d != (1, "1")} == {}
 
+    # A replication factor the cluster cannot meet: one line from each command, nothing
+    # deleted or created.
+    three = {**durable, "ENHYDRA_REPLICATION_FACTOR": "3"}
+    for args in (
+        ("reset", "--app", app_id, "--yes"),
+        ("snapshot", "restore", snapshot, "--app", app_id, "--yes"),
+        ("snapshot", "clone", snapshot, "--to-app", f"{app_id}-triplet"),
+    ):
+        refused = cli(three, *args)
+        assert refused.returncode != 0, args
+        assert "Traceback" not in refused.stderr, refused.stderr
+        assert "ENHYDRA_REPLICATION_FACTOR=3 asks for more replicas than the cluster has" in (
+            refused.stderr
+        ), args
+    assert asyncio.run(durability(kafka_bootstrap, f"{app_id}-")) == after
+
 
 @pytest.mark.integration
 def test_more_replicas_than_brokers_is_one_plain_line(service_factory, kafka_bootstrap, app_id):

@@ -187,7 +187,10 @@ async def clone(
     specs = [TopicSpec(changelog, partitions, compacted=True)]
     if not same_input:
         specs.append(TopicSpec(commands, partitions))
-    await ensure_topics(conn, specs)
+    try:
+        await ensure_topics(conn, specs)
+    except TopicError as exc:  # e.g. a replication factor the cluster cannot meet
+        raise SnapshotError(str(exc)) from exc
     if any((await end_offsets(conn, changelog)).values()):
         raise SnapshotError(f"{changelog} already holds records: clone into a new app id")
     rows = await _load_changelog(
