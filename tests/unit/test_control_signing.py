@@ -90,3 +90,27 @@ def test_a_cut_below_the_position_is_refused() -> None:
 def test_other_messages_pass() -> None:
     assert ask({"type": "shutdown_application"}) is None
     assert ask({"type": "liveness", "origin": "i1"}) is None
+
+
+def test_the_secret_comes_from_the_setting_or_a_mounted_file_and_is_never_shown(
+    tmp_path,
+) -> None:
+    import pytest
+
+    from enhydra.settings import Settings, SettingsError, control_secret_from_env
+
+    mounted = tmp_path / "secret"
+    mounted.write_text("from-a-file\n")
+    base = {"ENHYDRA_APP_ID": "bank", "ENHYDRA_STATE_DIR": str(tmp_path)}
+    by_file = Settings.from_env({**base, "ENHYDRA_CONTROL_SECRET_FILE": str(mounted)})
+    assert by_file.control_key == b"from-a-file"
+    given = Settings.from_env({**base, "ENHYDRA_CONTROL_SECRET": "s3cret-value"})
+    assert given.control_key == b"s3cret-value" and "s3cret-value" not in repr(given)
+    assert Settings.from_env(base).control_key is None
+    both = {"ENHYDRA_CONTROL_SECRET": "x", "ENHYDRA_CONTROL_SECRET_FILE": str(mounted)}
+    with pytest.raises(SettingsError, match="not both"):
+        Settings.from_env({**base, **both})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SettingsError, match="a file holding the secret"):
+        control_secret_from_env({"ENHYDRA_CONTROL_SECRET_FILE": str(tmp_path / "empty")})
+    assert control_secret_from_env({"ENHYDRA_CONTROL_SECRET": "cli"}) == b"cli"

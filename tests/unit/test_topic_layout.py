@@ -94,3 +94,21 @@ def test_a_lower_min_isr_is_fatal_and_a_lower_replication_a_warning() -> None:
     ]
     assert "--add-config min.insync.replicas=2" in findings[0].fix
     assert "kafka-reassign-partitions.sh" in findings[1].fix
+
+
+def test_the_durability_settings_reach_every_command_through_the_connection() -> None:
+    from enhydra.settings import Settings
+
+    env = {"ENHYDRA_REPLICATION_FACTOR": "3", "ENHYDRA_MIN_INSYNC_REPLICAS": "2"}
+    assert Connection.from_env(env).replication_factor == 3  # reset, snapshot, backfill
+    settings = Settings.from_env({**env, "ENHYDRA_APP_ID": "bank"})
+    assert settings.connection.min_insync_replicas == 2  # the running service
+    assert Settings.from_env({"ENHYDRA_APP_ID": "bank"}).connection.replication_factor is None
+
+
+def test_a_min_isr_above_the_configured_replication_is_a_settings_error() -> None:
+    from enhydra.settings import Settings, SettingsError
+
+    env = {"ENHYDRA_APP_ID": "bank", "ENHYDRA_REPLICATION_FACTOR": "2"}
+    with pytest.raises(SettingsError, match="INSYNC_REPLICAS=3 is invalid: expected at most"):
+        Settings.from_env({**env, "ENHYDRA_MIN_INSYNC_REPLICAS": "3"})
