@@ -61,7 +61,12 @@ from enhydra.query.http import AdminRoute, build_app
 from enhydra.runner.runner import FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.admission import refusal, same_storage
-from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
+from enhydra.snapshots.live import (
+    SNAPSHOT_CREATE,
+    SNAPSHOT_DONE,
+    LiveSnapshots,
+    new_snapshot_id,
+)
 from enhydra.spec import ResolvedService
 from enhydra.topology.asyncapi import asyncapi_of
 
@@ -446,13 +451,27 @@ class Supervisor:
     def _admit(self, message: dict[str, Any]) -> str | None:
         """Why a signed control message must not act here (snapshots/admission.py), or None."""
         s = self.runtime.settings
-        return refusal(
+        reason = refusal(
             message,
             app_id=s.app_id,
             storage=s.snapshot_storage,
             position=self._position,
             now=time.time(),
         )
+        if reason and message.get("type") == SNAPSHOT_CREATE:
+            self._refuse_snapshot(message, reason)
+        return reason
+
+    def _refuse_snapshot(self, message: dict[str, Any], reason: str) -> None:
+        """Answer a refused snapshot_create, once (the coordinator): its asker waits for one."""
+        snapshots, s = self.runtime.snapshots, self.runtime.settings
+        if snapshots is None or not snapshots.is_coordinator:
+            return
+        error = f"refused: {reason}"
+        if reason == "storage_not_configured":
+            error += f" (instances write only to ENHYDRA_SNAPSHOT_STORAGE={s.snapshot_storage!r})"
+        answer = snapshots.send(SNAPSHOT_DONE, id=str(message.get("id")), error=error)
+        self._handling.append(asyncio.ensure_future(answer))
 
     def _position(self, partition: int) -> int | None:
         engine = self.runtime.engine

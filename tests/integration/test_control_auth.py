@@ -19,6 +19,7 @@ import pytest
 
 from enhydra.control.signing import SIGNATURE_HEADER, seal, signature
 from enhydra.kafka.clients import as_connection, open_producer
+from enhydra.snapshots.format import SnapshotError
 from enhydra.snapshots.live import new_snapshot_id
 from enhydra.snapshots.offline import request_snapshot
 from enhydra.testing.processes import read_topic, wait_for_committed
@@ -103,6 +104,11 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
     ignored = [line for line in one.log_tail(400).splitlines() if "control message ignored" in line]
     assert len(ignored) == 4, ignored  # once per origin: intruder, ghost, c1 (the replay), insider
     assert KEY.decode() not in one.log_tail(400)
+
+    # A signed request for another storage is answered at once, and changes nothing either.
+    with pytest.raises(SnapshotError, match="refused: storage_not_configured"):
+        asyncio.run(request_snapshot(kafka_bootstrap, app_id, str(elsewhere), secret=KEY))
+    assert not elsewhere.exists()
 
     # The channel acts on a signed request for the configured storage.
     done = asyncio.run(

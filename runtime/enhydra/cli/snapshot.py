@@ -111,8 +111,10 @@ def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
     """Ask the running application for a consistent snapshot and wait for it.
 
     Its instances cut every partition at one point of the input and write the files to
-    STORAGE themselves, so STORAGE is where they can write (a shared folder, S3). Prints the
-    snapshot's id, rows and cut as JSON.
+    STORAGE themselves, so STORAGE is where they can write (a shared folder, S3), and it
+    must be the application's ENHYDRA_SNAPSHOT_STORAGE: they refuse any other. The request
+    is signed with ENHYDRA_CONTROL_SECRET (or _FILE), as the instances' messages are. Prints
+    the snapshot's id, rows and cut as JSON.
 
     \b
     Example:
