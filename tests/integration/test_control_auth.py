@@ -5,7 +5,7 @@ the app's secret. It tries every message type unsigned and signed with a guess, 
 real beacon, and, as if it held the secret, asks for what no request may ask for: a foreign
 storage, an id from the future, a cut below the position. Each is counted in /metrics and
 none acts: the instance keeps running and no snapshot is written anywhere. A signed request
-from `enhydra snapshot create` still works, so the messages were read, not missed.
+from `enhydra snapshot create` and a signed shutdown still act, so nothing was missed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from enhydra.control.signing import SIGNATURE_HEADER, seal, signature
+from enhydra.errors.uncaught import EXIT_SHUTDOWN_APPLICATION
 from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.snapshots.format import SnapshotError
 from enhydra.snapshots.live import new_snapshot_id
@@ -115,4 +116,6 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
         request_snapshot(kafka_bootstrap, app_id, str(storage), timeout=60, secret=KEY)
     )
     assert done["rows"] == 40 * 95 // 100 and (storage / done["id"] / "manifest.json").is_file()
-    assert one.alive()
+    # ...and on a signed shutdown_application, as on one written by a peer that failed.
+    asyncio.run(write(kafka_bootstrap, topic, [seal({"type": "shutdown_application"}, KEY)]))
+    assert one.process is not None and one.process.wait(30) == EXIT_SHUTDOWN_APPLICATION
