@@ -24,6 +24,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from faust.app.base import BootStrategy
 from mode import Service as ModeService
 
 from enhydra.control.channel import SHUTDOWN_APPLICATION, ControlChannel
+from enhydra.control.signing import missing_secret
 from enhydra.errors.policies import UncaughtPolicy
 from enhydra.errors.uncaught import (
     EXIT_CANNOT_START,
@@ -52,14 +54,21 @@ from enhydra.failover import (
 from enhydra.kafka.clients import check_access
 from enhydra.kafka.errors import KafkaAccessError
 from enhydra.kafka.membership import FencedInstanceIdError, remove_static_members
-from enhydra.kafka.topics import TopicError
+from enhydra.kafka.topics import TopicError, TopicSpec
 from enhydra.logs import get_logger
 from enhydra.processing.engine import Engine
+from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
 from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
-from enhydra.snapshots.live import SNAPSHOT_CREATE, LiveSnapshots, new_snapshot_id
+from enhydra.snapshots.admission import refusal, same_storage
+from enhydra.snapshots.live import (
+    SNAPSHOT_CREATE,
+    SNAPSHOT_DONE,
+    LiveSnapshots,
+    new_snapshot_id,
+)
 from enhydra.spec import ResolvedService
 from enhydra.topology.asyncapi import asyncapi_of
 
@@ -77,6 +86,24 @@ class _BootStrategy(BootStrategy):
 class _App(faust.App):
     BootStrategy = _BootStrategy
     logger = _LIFECYCLE_LOGGER
+
+
+def topic_specs(service: ResolvedService) -> list[TopicSpec]:
+    """Every topic an instance of `service` creates at start, as its engines declare them.
+
+    Built by the engines themselves (nothing starts), so `enhydra topology check --live`
+    checks exactly the layout a start would.
+    """
+    s, bound = service.settings, service.bound
+    engine = Engine(s, bound, policies=service.policies, transient=service.spec.transient_errors)
+    specs = {spec.name: spec for spec in engine.topic_specs()}
+    for projection, plugin in service.projections:
+        host = ProjectionEngine(
+            s, projection, bound.events_topic, plugin=plugin, aggregate=bound.aggregate
+        )
+        for spec in host.topic_specs():
+            specs.setdefault(spec.name, spec)
+    return list(specs.values())
 
 
 def settle_heap() -> None:
@@ -139,18 +166,20 @@ class Runtime:
     async def _snapshot_now(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         """Take a consistent snapshot of the whole application now (returns its id at once).
 
-        Body (optional JSON): {"storage": "<url>"}; default ENHYDRA_SNAPSHOT_STORAGE. Poll
+        Body (optional JSON): {"storage": "<url>"}, which must be ENHYDRA_SNAPSHOT_STORAGE (the
+        control plane refuses any other, snapshots/admission.py). Poll
         `enhydra snapshot list` or watch the log for "snapshot written".
         """
-        storage = body.get("storage") or self.settings.snapshot_storage
-        if not isinstance(storage, str) or not storage:
-            return web.json_response(
-                {
-                    "error": "no snapshot storage: set ENHYDRA_SNAPSHOT_STORAGE or pass storage",
-                    "code": "bad_request",
-                },
-                status=400,
-            )
+        configured = self.settings.snapshot_storage
+        storage = body.get("storage") or configured
+        if not configured or not isinstance(storage, str):
+            reason = "no snapshot storage: set ENHYDRA_SNAPSHOT_STORAGE"
+        elif same_storage(storage) != same_storage(configured):
+            reason = f"instances write snapshots only to ENHYDRA_SNAPSHOT_STORAGE ({configured})"
+        else:
+            reason = ""
+        if reason:
+            return web.json_response({"error": reason, "code": "bad_request"}, status=400)
         if self.snapshots is None:
             return web.json_response(
                 {"error": "the worker is starting", "code": "starting"},
@@ -258,6 +287,10 @@ class Runtime:
         except KafkaAccessError as exc:
             log.error(exc.what, **exc.fields())
             return EXIT_CANNOT_START
+        missing = missing_secret(s.security_protocol, s.control_key, s.app_id)
+        if missing:
+            log.error(missing, setting="ENHYDRA_CONTROL_SECRET")
+            return EXIT_CANNOT_START
         code = 0
         try:
             worker.execute_from_commandline()
@@ -348,7 +381,20 @@ class Supervisor:
         engine.on_failure = self._on_failure
         rt.engine = engine
         await engine.start()  # creates the topics, the control topic among them
-        self.control = ControlChannel(s.connection, s.app_id, s.instance_id, self._on_control)
+        self.control = ControlChannel(
+            s.connection,
+            s.app_id,
+            s.instance_id,
+            self._on_control,
+            secret=s.control_key,
+            admit=self._admit,
+        )
+        if s.control_key is None:
+            log.warning(
+                "control topic unsigned: anyone who may write it can stop the application",
+                topic=self.control.topic,
+                hint="set ENHYDRA_CONTROL_SECRET (or _FILE) to the same value on every instance",
+            )
         rt.snapshots = LiveSnapshots(rt, self.control.send)
         await self.control.start()
         rt.snapshots.start()
@@ -427,6 +473,36 @@ class Supervisor:
             rt.shutdown(EXIT_SHUTDOWN_APPLICATION, "shutting down the whole application")
             return
         rt.shutdown(EXIT_SHUTDOWN_CLIENT, "shutting down this instance")
+
+    def _admit(self, message: dict[str, Any]) -> str | None:
+        """Why a signed control message must not act here (snapshots/admission.py), or None."""
+        s = self.runtime.settings
+        reason = refusal(
+            message,
+            app_id=s.app_id,
+            storage=s.snapshot_storage,
+            position=self._position,
+            now=time.time(),
+        )
+        if reason and message.get("type") == SNAPSHOT_CREATE:
+            self._refuse_snapshot(message, reason)
+        return reason
+
+    def _refuse_snapshot(self, message: dict[str, Any], reason: str) -> None:
+        """Answer a refused snapshot_create, once (the coordinator): its asker waits for one."""
+        snapshots, s = self.runtime.snapshots, self.runtime.settings
+        if snapshots is None or not snapshots.is_coordinator:
+            return
+        error = f"refused: {reason}"
+        if reason == "storage_not_configured":
+            error += f" (instances write only to ENHYDRA_SNAPSHOT_STORAGE={s.snapshot_storage!r})"
+        answer = snapshots.send(SNAPSHOT_DONE, id=str(message.get("id")), error=error)
+        self._handling.append(asyncio.ensure_future(answer))
+
+    def _position(self, partition: int) -> int | None:
+        engine = self.runtime.engine
+        store = engine.active_store(partition) if engine is not None else None
+        return store.input_offset + 1 if store is not None else None
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         rt = self.runtime

@@ -202,7 +202,10 @@ class Settings:
     web_port: int = _env(_port, 6066)
     advertised_url: str = _env(_url, "")
     partitions: int = _env(_positive_int, 4)
-    replication_factor: int = _env(_positive_int, 1)
+    # Topic durability (kafka/topics.py applies both to every topic any path creates): unset,
+    # the broker's own default.replication.factor and min.insync.replicas.
+    replication_factor: int | None = _env(_positive_int, None)
+    min_insync_replicas: int | None = _env(_positive_int, None)
     client_tags: dict[str, str] = _env(_tags, {})
     log_format: str = _env(_choice("auto", "json", "console"), "auto")
     log_level: str = _env(_choice("debug", "info", "warning", "error"), "info")
@@ -261,6 +264,10 @@ class Settings:
     forward_timeout_ms: int = _env(_positive_int, 5000)
     commands_topic: str = _env(_text, "")  # read another app's commands (a clone, blue/green)
     snapshot_storage: str = _env(_text, "")
+    # Control topic messages are signed with this secret, shared by every instance of the app
+    # (control/signing.py says what happens when it is unset).
+    control_secret: str = _env(_text, "", repr=False)
+    control_secret_file: Path | None = _env(_readable_file, None)
     snapshot_interval_s: int = _env(_non_negative_int, 0)
     snapshot_retention: int = _env(_non_negative_int, 0)
     snapshot_timeout_s: int = _env(_positive_int, 300)
@@ -290,12 +297,25 @@ class Settings:
                 self.heartbeat_interval_ms,
                 f"less than session_timeout_ms ({self.session_timeout_ms})",
             )
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        if rf is not None and isr is not None and isr > rf:
+            raise SettingsError(
+                "min_insync_replicas",
+                isr,
+                f"at most ENHYDRA_REPLICATION_FACTOR ({rf}): every acks=all write would fail",
+            )
+        self.control_key  # noqa: B018 - an unreadable secret file fails at start
         if not 1000 < self.failure_probe_window_ms < self.session_timeout_ms:
             raise SettingsError(
                 "failure_probe_window_ms",
                 self.failure_probe_window_ms,
                 f"more than 1000 and less than session_timeout_ms ({self.session_timeout_ms})",
             )
+
+    @functools.cached_property
+    def control_key(self) -> bytes | None:
+        """The key control messages are signed with (control/signing.py), None: unsigned."""
+        return control_secret(self.control_secret, self.control_secret_file)
 
     @property
     def store_dir(self) -> Path:
@@ -323,6 +343,36 @@ class Settings:
     def names(cls) -> list[str]:
         """The environment variable of every setting, for docs and `--help`."""
         return [PREFIX + f.name.upper() for f in dataclasses.fields(cls)]
+
+
+def control_secret(secret: str, path: Path | None) -> bytes | None:
+    """The control topic's signing key: ENHYDRA_CONTROL_SECRET or the file it is mounted as."""
+    if path is not None:
+        if secret:
+            raise SettingsError(
+                "control_secret_file",
+                str(path),
+                "either ENHYDRA_CONTROL_SECRET or ENHYDRA_CONTROL_SECRET_FILE, not both",
+            )
+        try:
+            secret = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                "control_secret_file", str(path), f"a readable file ({exc})"
+            ) from None
+        if not secret:
+            raise SettingsError("control_secret_file", str(path), "a file holding the secret")
+    return secret.encode() if secret else None
+
+
+def control_secret_from_env(env: Mapping[str, str] | None = None) -> bytes | None:
+    """The signing key for a command that runs no application (`enhydra snapshot create`)."""
+    env = os.environ if env is None else env
+    path = env.get(PREFIX + "CONTROL_SECRET_FILE", "").strip()
+    return control_secret(
+        env.get(PREFIX + "CONTROL_SECRET", "").strip(),
+        _readable_file("control_secret_file", path) if path else None,
+    )
 
 
 INSTANCE_ID_FILE = "instance-id"
@@ -407,6 +457,11 @@ class Connection:
     ssl_keyfile: Path | None = None
     ssl_key_password: str = field(default="", repr=False)
     ssl_check_hostname: bool = True
+    # How durable the topics created through this connection are (None: the broker's default).
+    # They travel with the connection because every command that creates topics (run, reset,
+    # snapshot restore/clone, backfill) already builds one from the same ENHYDRA_* variables.
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
     def __post_init__(self) -> None:
         if self.sasl_password_file is not None:

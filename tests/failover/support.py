@@ -128,7 +128,7 @@ def wait_until(check: Callable[[], bool], timeout: float, step: float = 0.02) ->
 
 
 async def make_group_topics(bootstrap: str, group: str, topic: str, partitions: int) -> None:
-    await ensure_topics(bootstrap, [TopicSpec(topic, partitions, 1), control_topic_spec(group)])
+    await ensure_topics(bootstrap, [TopicSpec(topic, partitions), control_topic_spec(group)])
 
 
 def _nft() -> str:

@@ -14,6 +14,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from enhydra.errors.uncaught import EXIT_CANNOT_START
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.testing.processes import (
     ServiceProcess,
@@ -101,7 +102,7 @@ async def retention_of(bootstrap: str, topic: str) -> dict[str, str]:
         await admin.close()
 
 
-def test_the_events_history_is_kept_and_a_finite_retention_is_warned_about(
+def test_the_events_history_is_kept_and_a_finite_retention_refuses_to_start(
     service_factory, kafka_bootstrap, app_id
 ):
     # A topic made by the service keeps every event: the broker's 7-day default would delete
@@ -113,24 +114,24 @@ def test_the_events_history_is_kept_and_a_finite_retention_is_warned_about(
         "retention.bytes": "-1",
         "cleanup.policy": "delete",
     }
-    # An events topic made elsewhere with the broker's default retention: the service runs,
-    # and says which topic loses its history, and how to keep it.
+    # An events topic made elsewhere with the broker's default retention: the service does
+    # not start, and says which topic would lose its history, and how to keep it.
     events = f"{app_id}-events"
     asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(events, 4)]))
     instance = service_factory(TARGET, "r1")
-    instance.wait_ready()
-    warnings = [
-        json.loads(line)
+    assert instance.process is not None
+    assert instance.process.wait(60) == EXIT_CANNOT_START
+    [error] = [
+        record
         for line in instance.log_tail(400).splitlines()
-        if "events history will be deleted" in line
+        if line.startswith("{") and (record := json.loads(line)).get("level") == "error"
     ]
-    assert [w["topic"] for w in warnings] == [events]
-    assert warnings[0]["level"] == "warning"
-    assert "retention.ms=604800000" in warnings[0]["settings"]
-    assert "retention.ms=-1" in warnings[0]["fix"]
+    assert error["event"].startswith(
+        f"topic {events}: retention.ms=604800000, expected retention.ms=-1"
+    ), error
+    assert f"--entity-name {events} --add-config retention.ms=-1" in error["event"]
 
 
-@pytest.mark.slow
 def test_kill_dash_nine_under_load_loses_nothing_and_applies_nothing_twice(
     service_factory, kafka_bootstrap, app_id, tmp_path
 ):

@@ -37,7 +37,8 @@ def test_the_ledger_runs_end_to_end_over_sasl_ssl(
     service_factory, secured_kafka, app_id, tmp_path
 ) -> None:
     conn = secured_kafka.sasl_ssl
-    env = conn.env()
+    storage = tmp_path / "snapshots"
+    env = {**conn.env(), **CONTROL, "ENHYDRA_SNAPSHOT_STORAGE": str(storage)}
     one = service_factory(TARGET, "i1", extra_env=env)
     two = service_factory(TARGET, "i2", extra_env=env)
     one.wait_ready()
@@ -57,7 +58,6 @@ def test_the_ledger_runs_end_to_end_over_sasl_ssl(
     listed = run_cli(env, "dlq", "list", "--app", app_id)
     assert listed.exit_code == 0, listed.output
     assert "1 dead letter(s)" in listed.output
-    storage = tmp_path / "snapshots"
     created = run_cli(env, "snapshot", "create", "--app", app_id, "--storage", str(storage))
     assert created.exit_code == 0, created.output
     snapshot = run_cli(env, "snapshot", "list", "--storage", str(storage))
@@ -90,7 +90,7 @@ def http_get_text(url: str) -> tuple[int, str]:
 
 def test_the_ledger_runs_over_mutual_tls(service_factory, secured_kafka, app_id) -> None:
     conn = secured_kafka.mtls
-    one = service_factory(TARGET, "i1", extra_env=conn.env())
+    one = service_factory(TARGET, "i1", extra_env={**conn.env(), **CONTROL})
     one.wait_ready()
     commands = generate(100, 800, seed=22)
     feed(conn, app_id, commands)
@@ -132,12 +132,17 @@ def start_instance(env: dict[str, str], tmp_path: Path, *argv: str) -> Outcome:
     return Outcome(done.returncode, time.monotonic() - started, done.stdout + done.stderr)
 
 
+# An authenticated protocol requires the control topic's secret (control/signing.py).
+CONTROL = {"ENHYDRA_CONTROL_SECRET": "test-control-secret"}
+
+
 def base_env(app_id: str, tmp_path: Path) -> dict[str, str]:
     env = service_env(
         app_id=app_id,
         bootstrap="127.0.0.1:9",
         instance_id="failing",
         state_dir=tmp_path / "state",
+        extra=CONTROL,
     )
     return env
 

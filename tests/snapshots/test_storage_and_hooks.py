@@ -66,7 +66,11 @@ def fake_aws_credentials(monkeypatch):
 
 
 def test_snapshot_to_s3_and_back(service_factory, kafka_bootstrap, app_id, s3_url):
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "ENHYDRA_SNAPSHOT_STORAGE": s3_url,  # the only storage the instances write to
+    }
     one = service_factory(TARGET, "s3", extra_env=env)
     one.wait_ready()
     commands = generate(120, 900, seed=111)

@@ -28,9 +28,7 @@ def topic(kafka_bootstrap: str, app_id: str) -> str:
     name = f"{app_id}-events"
 
     async def produce() -> None:
-        await ensure_topics(
-            kafka_bootstrap, [TopicSpec(name, 3, 1, history=True)], client_id="test"
-        )
+        await ensure_topics(kafka_bootstrap, [TopicSpec(name, 3, history=True)], client_id="test")
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
         await producer.start()
         try:

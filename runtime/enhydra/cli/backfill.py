@@ -299,13 +299,14 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
     prepared = _prepare(target, opts, pythonpath)
 
     from enhydra.kafka.errors import KafkaAccessError, scrub
+    from enhydra.kafka.topics import TopicError
     from enhydra.settings import SettingsError
     from enhydra.snapshots.format import SnapshotError
     from enhydra.spark.fold import FoldError
     from enhydra.spark.job import BackfillError, execute_backfill, plan_backfill, summary
     from enhydra.spark.source import SourceError
 
-    known = (BackfillError, SourceError, SnapshotError, FoldError)
+    known = (BackfillError, SourceError, SnapshotError, FoldError, TopicError)
     try:  # Kafka's offsets and the snapshot directory, still before Spark starts
         plan = plan_backfill(
             target,

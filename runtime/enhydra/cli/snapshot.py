@@ -22,7 +22,7 @@ from enhydra.cli.common import (
 from enhydra.contracts.codec import decode_entry
 from enhydra.contracts.fingerprint import accepted_store_fingerprints
 from enhydra.service import Service
-from enhydra.settings import Connection
+from enhydra.settings import Connection, SettingsError, control_secret_from_env
 from enhydra.snapshots.format import SnapshotError, open_snapshot
 from enhydra.snapshots.offline import clone, request_snapshot, restore, snapshot_at
 from enhydra.snapshots.storage import FileStorage, S3Storage, open_snapshot_at, open_storage
@@ -111,14 +111,20 @@ def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
     """Ask the running application for a consistent snapshot and wait for it.
 
     Its instances cut every partition at one point of the input and write the files to
-    STORAGE themselves, so STORAGE is where they can write (a shared folder, S3). Prints the
-    snapshot's id, rows and cut as JSON.
+    STORAGE themselves, so STORAGE is where they can write (a shared folder, S3), and it
+    must be the application's ENHYDRA_SNAPSHOT_STORAGE: they refuse any other. The request
+    is signed with ENHYDRA_CONTROL_SECRET (or _FILE), as the instances' messages are. Prints
+    the snapshot's id, rows and cut as JSON.
 
     \b
     Example:
       enhydra snapshot create --app billing --storage s3://backups/billing
     """
     _storage(storage, must_exist=False)
+    try:
+        secret = control_secret_from_env()  # the app's instances act on signed requests only
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
     line = StatusLine(every_s=5.0)
     line.show(f"enhydra: asking {app_id}'s instances for a snapshot...", now=True)
     written: dict[int, int] = {}
@@ -133,7 +139,9 @@ def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
 
     try:
         done = asyncio.run(
-            request_snapshot(conn, app_id, storage, timeout=timeout, progress=progress)
+            request_snapshot(
+                conn, app_id, storage, timeout=timeout, progress=progress, secret=secret
+            )
         )
     except SnapshotError as exc:
         line.clear()

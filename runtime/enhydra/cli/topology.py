@@ -95,20 +95,72 @@ def show(target: str, fmt: str, output: Path | None) -> None:
 @click.argument("target")
 @click.option(
     "--against",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="The deployed topology (a file written by `topology show`).",
 )
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Check the running cluster's topics (ENHYDRA_BOOTSTRAP_SERVERS, the service's "
+    "settings): partitions, compaction, retention, replication, min ISR.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def check(target: str, against: Path, fmt: str) -> None:
+def check(target: str, against: Path | None, live: bool, fmt: str) -> None:
     """Compare TARGET with the deployed topology; exit 1 if a change is incompatible.
 
     A baseline marked `"deployed": false` (see `topology lock`) only reports the changes.
+    With --live, TARGET's topics on the cluster are checked as a start would check them:
+    exit 1 when one would refuse the start (each line says the fix).
 
     \b
     Example:
       enhydra topology check billing.service:service --against topology.json
+      enhydra topology check billing.service:service --live
     """
+    if against is None and not live:
+        raise click.UsageError("give --against FILE, --live, or both")
+    if live:
+        _check_live(target, fmt)
+    if against is not None:
+        _check_against(target, against, fmt)
+
+
+def _check_live(target: str, fmt: str) -> None:
+    import asyncio
+
+    from enhydra.kafka.errors import KafkaAccessError
+    from enhydra.kafka.topics import TopicError, verify_topics
+    from enhydra.runtime import topic_specs
+
+    try:
+        resolved = load_service(target).resolved()
+    except (SettingsError, PluginError) as exc:
+        raise click.ClickException(f"{target}: {exc}") from exc
+    specs = topic_specs(resolved)
+    try:
+        findings = asyncio.run(verify_topics(resolved.settings.connection, specs))
+    except (KafkaAccessError, TopicError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "topics": [s.name for s in specs],
+                    "findings": [{**vars(f), "line": f.line()} for f in findings],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for finding in findings:
+            click.echo(("" if finding.fatal else "warning: ") + finding.line())
+        if not findings:
+            click.echo(f"{len(specs)} topics checked: every layout is right")
+    if any(f.fatal for f in findings):
+        sys.exit(1)
+
+
+def _check_against(target: str, against: Path, fmt: str) -> None:
     old = read_topology(against)
     new = _topology(target)
     changes = compare(old, new)

@@ -2,21 +2,21 @@
 
 It carries decisions that concern the whole application rather than one partition, such as
 SHUTDOWN_APPLICATION: the instance that decides writes it once, and every instance (itself
-included) acts on it.
+included) acts on it. Messages are sealed and checked by signing.py; a message that fails the
+check, or that `admit` refuses (snapshots/admission.py), is counted and never reaches `on_message`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiokafka import TopicPartition
 
 from enhydra.contracts.names import control_topic_name
+from enhydra.control.signing import RejectionLog, Verifier, seal
 from enhydra.kafka.clients import Consumer, Producer, close, new_consumer, new_producer, start
 from enhydra.kafka.topics import TopicSpec
 from enhydra.logs import get_logger
@@ -27,8 +27,13 @@ log = get_logger("enhydra.control")
 SHUTDOWN_APPLICATION = "shutdown_application"
 
 
-def control_topic_spec(app_id: str, replication_factor: int = 1) -> TopicSpec:
-    return TopicSpec(control_topic_name(app_id), 1, replication_factor)
+# Readers start at the end and refuse messages older than a minute (control/signing.py):
+# an hour of beacons and requests is plenty to look back at by hand.
+CONTROL_RETENTION_MS = "3600000"
+
+
+def control_topic_spec(app_id: str) -> TopicSpec:
+    return TopicSpec(control_topic_name(app_id), 1, {"retention.ms": CONTROL_RETENTION_MS})
 
 
 class ControlChannel:
@@ -38,10 +43,17 @@ class ControlChannel:
         app_id: str,
         instance_id: str,
         on_message: Callable[[dict[str, Any]], Awaitable[None]],
+        *,
+        secret: bytes | None = None,
+        admit: Callable[[dict[str, Any]], str | None] = lambda message: None,
     ) -> None:
         self.topic = control_topic_name(app_id)
         self.instance_id = instance_id
         self.on_message = on_message
+        self._secret = secret
+        self._verifier = Verifier(secret)
+        self._admit = admit
+        self._rejections = RejectionLog(log)
         self._conn = conn
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -70,13 +82,8 @@ class ControlChannel:
 
     async def send(self, kind: str, **fields: Any) -> None:
         assert self._producer is not None
-        message = {
-            "type": kind,
-            "origin": self.instance_id,
-            "at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-            **fields,
-        }
-        await self._producer.send_and_wait(self.topic, orjson.dumps(message))
+        value, headers = seal({"type": kind, "origin": self.instance_id, **fields}, self._secret)
+        await self._producer.send_and_wait(self.topic, value, headers=headers)
 
     async def _run(self) -> None:
         assert self._consumer is not None
@@ -84,9 +91,11 @@ class ControlChannel:
             batch = await self._consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 for record in records:
-                    try:
-                        message = orjson.loads(record.value)
-                    except orjson.JSONDecodeError:
-                        log.warning("unreadable control message", offset=record.offset)
+                    message, reason = self._verifier.check(record.value, record.headers or ())
+                    if message is not None and reason is None:
+                        reason = self._admit(message)
+                    if reason is not None:
+                        self._rejections.reject(reason, message, record.offset)
                         continue
+                    assert message is not None
                     await self.on_message(message)

@@ -5,6 +5,9 @@ reaching Kafka (so it is consuming): the detector must not remove it. The beacon
 the control channel's `send(kind, **fields)` and read where control messages are read, so it
 needs no client of its own. It is frequent because a refused connect counts as a death only
 once the beacon has gone quiet too (detector.py, rule 2): ~100 bytes, 5 a second per instance.
+It is signed like every control message (control/signing.py): a beacon forged or copied by
+another writer is refused before it reaches the detector, so it cannot keep a dead peer
+looking alive.
 """
 
 from __future__ import annotations

@@ -72,18 +72,17 @@ class Engine(TaskRunner):
 
     def topic_specs(self) -> list[TopicSpec]:
         s, a = self.settings, self.aggregate
-        rf = s.replication_factor
         return [
-            TopicSpec(a.commands_topic, s.partitions, rf),
-            TopicSpec(a.events_topic, s.partitions, rf, history=True),
-            TopicSpec(a.rejections_topic, s.partitions, rf),
-            TopicSpec(a.changelog_topic, s.partitions, rf, compacted=True),
+            TopicSpec(a.commands_topic, s.partitions),
+            TopicSpec(a.events_topic, s.partitions, history=True),
+            TopicSpec(a.rejections_topic, s.partitions),
+            TopicSpec(a.changelog_topic, s.partitions, compacted=True),
             *(
-                [TopicSpec(s.dlq_topic, s.partitions, rf, history=True)]
+                [TopicSpec(s.dlq_topic, s.partitions, history=True)]
                 if self.policies.uses_dlq()
                 else []
             ),
-            control_topic_spec(s.app_id, rf),
+            control_topic_spec(s.app_id),
         ]
 
     def background(self) -> list[Coroutine[Any, Any, None]]:

@@ -127,8 +127,8 @@ class ProjectionEngine(TaskRunner):
     def topic_specs(self) -> list[TopicSpec]:
         s = self.settings
         return [
-            TopicSpec(self.events_topic, s.partitions, s.replication_factor, history=True),
-            TopicSpec(self.changelog_topic, s.partitions, s.replication_factor, compacted=True),
+            TopicSpec(self.events_topic, s.partitions, history=True),
+            TopicSpec(self.changelog_topic, s.partitions, compacted=True),
         ]
 
     # queries ---------------------------------------------------------------------------------

@@ -20,13 +20,13 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-import orjson
 from aiokafka import TopicPartition
 
 from enhydra.aggregate import BoundAggregate
 from enhydra.contracts.fingerprint import store_fingerprint
 from enhydra.contracts.fold_input import kafka_events_batch
 from enhydra.contracts.names import control_topic_name
+from enhydra.control.signing import Verifier, seal
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer, open_producer
 from enhydra.kafka.groups import commit_offsets, group_members
 from enhydra.kafka.reading import TopicMissing, end_offsets, partitions_of, read_to_end
@@ -56,8 +56,12 @@ async def request_snapshot(
     *,
     timeout: float = 300.0,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    secret: bytes | None = None,
 ) -> dict[str, Any]:
-    """Ask the running application for a snapshot; returns the coordinator's done message."""
+    """Ask the running application for a snapshot; returns the coordinator's done message.
+
+    With the app's control secret the request is signed and only signed replies count.
+    """
     topic = control_topic_name(app_id)
     snapshot_id = new_snapshot_id(app_id)
     conn = as_connection(conn)
@@ -74,7 +78,9 @@ async def request_snapshot(
             "storage": storage,
             "origin": "enhydra-cli",
         }
-        await producer.send_and_wait(topic, orjson.dumps(message))
+        verifier = Verifier(secret)
+        value, headers = seal(message, secret)
+        await producer.send_and_wait(topic, value, headers=headers)
         deadline = time.monotonic() + timeout
         last_ask = time.monotonic()
         heard = False
@@ -82,8 +88,8 @@ async def request_snapshot(
             batch = await consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 for record in records:
-                    reply = orjson.loads(record.value)
-                    if reply.get("id") != snapshot_id:
+                    reply, refused = verifier.check(record.value, record.headers or ())
+                    if reply is None or refused or reply.get("id") != snapshot_id:
                         continue
                     heard = True
                     if reply.get("type") == SNAPSHOT_PART and progress is not None:
@@ -94,7 +100,8 @@ async def request_snapshot(
                         return reply
             if not heard and time.monotonic() - last_ask > 15:
                 # Nobody coordinated (e.g. a rebalance was moving partition 0): ask again.
-                await producer.send_and_wait(topic, orjson.dumps(message))
+                value, headers = seal(message, secret)  # a fresh nonce: not a replay
+                await producer.send_and_wait(topic, value, headers=headers)
                 last_ask = time.monotonic()
         raise SnapshotError(f"no answer for snapshot {snapshot_id} within {timeout}s")
 
@@ -180,7 +187,10 @@ async def clone(
     specs = [TopicSpec(changelog, partitions, compacted=True)]
     if not same_input:
         specs.append(TopicSpec(commands, partitions))
-    await ensure_topics(conn, specs)
+    try:
+        await ensure_topics(conn, specs)
+    except TopicError as exc:  # e.g. a replication factor the cluster cannot meet
+        raise SnapshotError(str(exc)) from exc
     if any((await end_offsets(conn, changelog)).values()):
         raise SnapshotError(f"{changelog} already holds records: clone into a new app id")
     rows = await _load_changelog(

@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 log = DriverLog("enhydra.spark.sink")  # executors import this module; they have no structlog
 
 
-def ensure_topic(conn: Connection | str, topic: str, partitions: int, replication: int = 1) -> None:
-    """Create the target topic with the events topic's partition count, or check it has it."""
+def ensure_topic(conn: Connection | str, topic: str, partitions: int) -> None:
+    """Create the target topic with the events topic's partition count, or check it has it.
+
+    Its replication is the connection's (ENHYDRA_REPLICATION_FACTOR, else the broker's).
+    """
     from enhydra.kafka.topics import TopicSpec, ensure_topics
 
-    asyncio.run(ensure_topics(conn, [TopicSpec(topic, partitions, replication, history=True)]))
+    asyncio.run(ensure_topics(conn, [TopicSpec(topic, partitions, history=True)]))
 
 
 def write_events(

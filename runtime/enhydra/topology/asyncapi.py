@@ -225,19 +225,17 @@ def _servers(connection: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return servers, schemes
 
 
-def _channel(topic: Mapping[str, Any], replicas: int, messages: dict[str, Any], text: str) -> Any:
+def _channel(
+    topic: Mapping[str, Any], replicas: int | None, messages: dict[str, Any], text: str
+) -> Any:
+    kafka = {"topic": topic["name"], "partitions": topic["partitions"]}
+    if replicas is not None:  # unset: the cluster's default, not known to the document
+        kafka["replicas"] = replicas
     return {
         "address": topic["name"],
         "description": text,
         "messages": messages,
-        "bindings": {
-            "kafka": {
-                "topic": topic["name"],
-                "partitions": topic["partitions"],
-                "replicas": replicas,
-                "bindingVersion": KAFKA_BINDING_VERSION,
-            }
-        },
+        "bindings": {"kafka": {**kafka, "bindingVersion": KAFKA_BINDING_VERSION}},
     }
 
 
@@ -319,7 +317,7 @@ def build_asyncapi(
     `baseline` a topology that may hold older event versions' schemas.
     """
     app_id = topology["app_id"]
-    replicas = int(topology.get("replication_factor", 1))
+    replicas = topology.get("replication_factor")
     messages = topology.get("messages") or {}
     commands_topic = topology["input_topics"][0]
     by_role = {t["role"]: t for t in topology["output_topics"]}

@@ -166,7 +166,7 @@ def build_topology(
     aggregate: Aggregate,
     *,
     partitions: int,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,  # None: the broker's default.replication.factor
     dlq_topic: str | None = None,
     projections: Sequence[tuple[Projection, str | None]] = (),
     schemas: Mapping[str, Any] | None = None,

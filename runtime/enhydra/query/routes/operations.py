@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from enhydra.control.signing import rejected as control_rejected
 from enhydra.query.api import ApiContext, json_response, unavailable
 from enhydra.query.metrics import CONTENT_TYPE, Exposition, engine_metrics
 from enhydra.query.openapi import Route, document
@@ -55,6 +56,13 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
                 ctx.forwards[outcome],
                 outcome=outcome,
             )
+        out.family(
+            "enhydra_control_messages_rejected_total",
+            "counter",
+            "control topic messages ignored: unsigned, bad_signature, stale, replayed, refused",
+        )
+        for reason, count in sorted(control_rejected.items()):
+            out.add("enhydra_control_messages_rejected_total", "counter", "", count, reason=reason)
         return web.Response(body=out.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def openapi(request: web.Request, args: dict[str, Any]) -> web.Response:
