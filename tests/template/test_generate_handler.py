@@ -39,7 +39,7 @@ def test_a_typed_service_gets_a_handler_declaring_its_command(
     project = tmp_path / "out" / "returns"
     source = generate_and_test(project, "returns", tmp_path / "report.xml")
     assert "class Restock(msgspec.Struct, tag=COMMAND):" in source
-    assert "handler = Handler(COMMAND, decide, {EVENT: apply}, parse=parse)" in source
+    assert "    parse=parse,\n    command_type=Restock,\n)" in source
     report = tmp_path / "backfill.xml"
     backfill = run_pytest(project, report, "tests/test_backfill.py", bootstrap=kafka_bootstrap)
     assert backfill.returncode == 0, backfill.stdout[-6000:] + backfill.stderr[-3000:]
