@@ -103,3 +103,13 @@ def test_topology_check_finds_the_project_and_its_baseline(project: tuple[Path, 
     code, output = enhydra(root / "shop", "topology", "check")
     assert code == 0, output
     assert "shop-app" in output
+
+
+def test_snapshot_at_takes_the_projects_service(project: tuple[Path, int], tmp_path: Path) -> None:
+    root, _ = project
+    bootstrap = f"127.0.0.1:{free_port()}"
+    args = ("--time", "2026-01-01T00:00:00Z", "--output", str(tmp_path / "asof"))
+    code, output = enhydra(root, "snapshot", "at", *args, "--bootstrap", bootstrap)
+    assert code == 3 and f"cannot reach Kafka at {bootstrap}" in output, output
+    code, output = enhydra(tmp_path, "snapshot", "at", *args)
+    assert code == 2 and "run inside the project made by `enhydra new`" in output
