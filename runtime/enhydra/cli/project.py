@@ -30,29 +30,32 @@ def here() -> Project | None:
         return None
 
 
-def project_target(command: str) -> str:
-    """The project's MODULE:ATTR, importable from any folder inside it; or one line saying to
-    name it."""
+def require_project(command: str) -> Project:
+    """The project around the current folder, or one line saying to name the service."""
     try:
-        project = find_project(Path.cwd())
+        return find_project(Path.cwd())
     except GenerateError as exc:
         raise click.ClickException(
             f"{exc.message}; or name the service: enhydra {command} MODULE:ATTR"
         ) from None
-    return _importable(project)
 
 
-def _importable(project: Project) -> str:
-    if str(project.root) not in sys.path:  # from a sub-folder too
+def target_of(project: Project) -> str:
+    """The project's MODULE:ATTR, importable from any folder inside the project."""
+    if str(project.root) not in sys.path:
         sys.path.insert(0, str(project.root))
     return f"{project.package}.service:service"
+
+
+def project_target(command: str) -> str:
+    return target_of(require_project(command))
 
 
 @functools.cache
 def _service(project: Project) -> Service:
     from enhydra.cli.common import load_service
 
-    return load_service(_importable(project))
+    return load_service(target_of(project))
 
 
 def project_service() -> Service | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from enhydra.cli.common import load_service
-from enhydra.cli.project import here, project_target
+from enhydra.cli.project import project_target, require_project, target_of
 from enhydra.plugins import PluginError
 from enhydra.settings import SettingsError
 from enhydra.topology import (
@@ -148,10 +148,8 @@ def locate(
     """TARGET and the baseline file: given, or those of the project around the current folder."""
     if target is not None:
         return target, output or Path(BASELINE)
-    project = here()
-    target = project_target(command)  # one line outside a project
-    assert project is not None
-    return target, output or project.root / BASELINE
+    project = require_project(command)
+    return target_of(project), output or project.root / BASELINE
 
 
 @topology.command()
