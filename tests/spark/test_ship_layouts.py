@@ -1,11 +1,13 @@
 """The backfill of service layouts other than the ledger's, on local[2] through the CLI.
 
-One module holds the README's whole service (decide, apply and `Service(...)` side by side),
-extends its aggregate with `enhydra.plugins.extend` like a generated handler does, and takes the
-handler from another top-level module, as from an installed plugin. Executors unpickle apply,
-so they import all three: the runtime modules the service imports (`enhydra.service`,
-`enhydra.plugins`) and both of the user's modules. A job that ships a partial `enhydra` in
-front of the installed one fails here with "No module named 'enhydra.service'".
+One module holds the README's whole service (decide, apply and `Service(...)` side by side)
+and extends its aggregate with `enhydra.plugins.extend` like a generated handler does, with a
+handler from another top-level module; that module is also an installed plugin (an
+`enhydra.handlers` entry point) adding a second command type. Executors unpickle apply, so
+they import the runtime modules the service imports (`enhydra.service`, `enhydra.plugins`) and
+both of the user's modules. A job that ships a partial `enhydra` in front of the installed one
+fails here with "No module named 'enhydra.service'"; one that folds without the installed
+plugins fails on the plugin's events.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ pytestmark = [
 ]
 
 PLUGIN = '''
-"""A handler from another top-level package, as an installed plugin brings one."""
+"""Handlers from another top-level package: one imported, one installed as a plugin."""
 
-from enhydra.plugins import Handler
+from enhydra.plugins import Handler, Plugin
 
 
 def decide(state, command):
@@ -43,8 +45,18 @@ def apply(state, event):
     return {"total": state["total"] * 2}
 
 
+def triple(state, command):
+    return [{"type": "tripled"}]
+
+
+def tripled(state, event):
+    return {"total": state["total"] * 3}
+
+
 handler = Handler("double", decide, {"doubled": apply})
+plugin = Plugin("tripler", handlers=[Handler("triple", triple, {"tripled": tripled})])
 '''
+ENTRY_POINTS = "[enhydra.handlers]\ntripler = counter_plugin:plugin\n"
 
 ONE_MODULE = '''
 """The README's service: its functions and the Service in one module."""
@@ -72,17 +84,22 @@ def model(commands: list[tuple[str, dict]]) -> dict[str, dict]:
     totals: dict[str, int] = {}
     for key, command in commands:
         total = totals.get(key, 0)
-        totals[key] = total * 2 if command["type"] == "double" else total + command["n"]
+        factor = {"double": 2, "triple": 3}.get(command["type"])
+        totals[key] = total * factor if factor else total + command["n"]
     return {key: {"total": total} for key, total in totals.items()}
 
 
-def test_a_one_module_service_extended_by_a_handler_backfills(
+def test_a_one_module_service_extended_by_handlers_and_a_plugin_backfills(
     service_factory, kafka_bootstrap: str, app_id: str, tmp_path: Path
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
     (project / "counter_plugin.py").write_text(textwrap.dedent(PLUGIN))
     (project / "counter.py").write_text(textwrap.dedent(ONE_MODULE))
+    installed = project / "counter_plugin-0.1.dist-info"  # what pip leaves for an entry point
+    installed.mkdir()
+    (installed / "METADATA").write_text("Metadata-Version: 2.1\nName: counter-plugin\n")
+    (installed / "entry_points.txt").write_text(ENTRY_POINTS)
     service = service_factory("counter:service", cwd=project, partitions=2)
     service.wait_ready()
     commands = []
@@ -92,6 +109,7 @@ def test_a_one_module_service_extended_by_a_handler_backfills(
             (key, {"command_id": f"{key}-1", "type": "add", "n": n}),
             (key, {"command_id": f"{key}-2", "type": "double"}),
             (key, {"command_id": f"{key}-3", "type": "add", "n": 1}),
+            (key, {"command_id": f"{key}-4", "type": "triple"}),
         ]
 
     async def produce_and_wait() -> None:
