@@ -119,7 +119,7 @@ def parse_position(text: str) -> tuple[int, int]:
 
 
 @dlq.command()
-@click.argument("position", metavar="PARTITION@OFFSET", required=False)
+@click.argument("position", metavar="[PARTITION@OFFSET]", required=False)
 @_common
 @click.option("--offset", "dlq_offset", type=int, help="DLQ offset to show (or PARTITION@OFFSET).")
 @click.option("--dlq-partition", type=int, help="DLQ partition [default: 0].")

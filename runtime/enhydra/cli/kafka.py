@@ -113,8 +113,8 @@ def start(
     """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`.
 
     A broker already running on this machine is used first, never doubled by surprise: the one
-    of the data dir, else (without --data-dir or ENHYDRA_BROKER_DIR) one started from another
-    data dir, else whatever Kafka answers on the port. Each time a note says which.
+    of the data dir, else (without --data-dir, ENHYDRA_BROKER_DIR or --port) the one started
+    from another data dir, else whatever Kafka answers on the port. A note says which.
 
     \b
     Examples:
