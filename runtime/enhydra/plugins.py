@@ -48,27 +48,47 @@ class Handler:
     # Aggregate (evolution.py): merged into the extended aggregate.
     event_versions: Mapping[str, int] = field(default_factory=dict)
     upcasters: Mapping[tuple[str, int], Callable[[Event], Event]] = field(default_factory=dict)
+    # The command's and the events' declared shapes (msgspec Structs, as messages.py takes
+    # them): their JSON Schemas go into the topology's `messages` and the AsyncAPI document.
+    # Undeclared, the types are still listed there, without a schema.
+    command_type: type | None = None
+    event_types: Mapping[str, type] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("handler command type must be a non-empty string")
         if not callable(self.decide) or not all(callable(f) for f in self.apply.values()):
             raise TypeError(f"handler {self.command!r}: decide and apply must be callables")
-        foreign = sorted(set(self.event_versions) - set(self.apply))
-        if foreign:
-            raise ValueError(
-                f"handler {self.command!r}: event_versions names {foreign}, which it does not "
-                "apply; a handler versions only its own event types"
-            )
+        for what, names in (
+            ("event_versions", self.event_versions),
+            ("event_types", self.event_types),
+        ):
+            foreign = sorted(set(names) - set(self.apply))
+            if foreign:
+                raise ValueError(
+                    f"handler {self.command!r}: {what} names {foreign}, which it does not "
+                    "apply; a handler declares only its own event types"
+                )
 
 
 class _Dispatch:
-    """Routes by a type field to an extension's function, else to the base function."""
+    """Routes by a type field to an extension's function, else to the base function.
 
-    def __init__(self, base: Callable | None, by_type: dict[str, Callable], field_name: str):
+    `declared` holds the handlers' message type per type name (None: undeclared), for the
+    topology (message_types).
+    """
+
+    def __init__(
+        self,
+        base: Callable | None,
+        by_type: dict[str, Callable],
+        field_name: str,
+        declared: dict[str, type | None] | None = None,
+    ):
         self.base = base
         self.by_type = by_type
         self.field_name = field_name
+        self.declared = dict(declared or {})
         self.__qualname__ = type(self).__qualname__
         self.__module__ = __name__
 
@@ -106,10 +126,23 @@ def _as_is(command: Command) -> Command:
     return command
 
 
-def _flatten(fn: Callable | None) -> tuple[Callable | None, dict[str, Callable]]:
+def _flatten(
+    fn: Callable | None,
+) -> tuple[Callable | None, dict[str, Callable], dict[str, type | None]]:
     if isinstance(fn, _Dispatch):
-        return fn.base, dict(fn.by_type)
-    return fn, {}
+        return fn.base, dict(fn.by_type), dict(fn.declared)
+    return fn, {}, {}
+
+
+def message_types(
+    aggregate: Aggregate,
+) -> tuple[dict[str, type | None], dict[str, type | None]]:
+    """The command and event types the aggregate's handlers add (name -> declared Struct or
+    None), beside those the aggregate declares itself: the topology lists both."""
+    decide, apply = aggregate.decide, aggregate.apply
+    commands = decide.declared if isinstance(decide, _Decide) else {}
+    events = apply.declared if isinstance(apply, _Apply) else {}
+    return dict(commands), dict(events)
 
 
 def _with_typed_state(fn: Callable, aggregate: Aggregate) -> Callable:
@@ -137,20 +170,22 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     A command type or event type handled twice is an error naming it: two handlers silently
     shadowing each other would make the outcome depend on the load order.
     """
-    base_decide, decides = _flatten(aggregate.decide)
-    base_apply, applies = _flatten(aggregate.apply)
-    base_parse, parses = _flatten(aggregate.parse)
+    base_decide, decides, commands = _flatten(aggregate.decide)
+    base_apply, applies, events = _flatten(aggregate.apply)
+    base_parse, parses, _ = _flatten(aggregate.parse)
     versions = dict(aggregate.event_versions)
     upcasters = dict(aggregate.upcasters)
     for handler in handlers:
         if handler.command in decides:
             raise PluginError(f"command type {handler.command!r} is handled twice")
         decides[handler.command] = _with_typed_state(handler.decide, aggregate)
+        commands[handler.command] = handler.command_type
         parses[handler.command] = handler.parse or _as_is
         for event_type, fn in handler.apply.items():
             if event_type in applies:
                 raise PluginError(f"event type {event_type!r} is applied by two handlers")
             applies[event_type] = _with_typed_state(fn, aggregate)
+            events[event_type] = handler.event_types.get(event_type)
         versions.update(handler.event_versions)
         upcasters.update(handler.upcasters)
     if not handlers:
@@ -158,8 +193,8 @@ def extend(aggregate: Aggregate, *handlers: Handler) -> Aggregate:
     field_name = handlers[0].type_field
     return replace(
         aggregate,
-        decide=_Decide(base_decide, decides, field_name),
-        apply=_Apply(base_apply, applies, TYPE_FIELD),
+        decide=_Decide(base_decide, decides, field_name, commands),
+        apply=_Apply(base_apply, applies, TYPE_FIELD, events),
         parse=_Parse(base_parse, parses, field_name),
         event_versions=versions,
         upcasters=upcasters,

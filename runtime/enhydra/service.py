@@ -20,6 +20,7 @@ from enhydra.errors.uncaught import EXIT_CANNOT_START, EXIT_SHUTDOWN_CLIENT, Unc
 from enhydra.kafka.noise import ConnectionNoise
 from enhydra.logs import configure_logging, get_logger
 from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
+from enhydra.preflight import StartupConflict, check_web_port, claim_state_dir
 from enhydra.projections.model import Projection
 from enhydra.settings import Settings, SettingsError, unknown_variables
 from enhydra.spec import ResolvedService, ServiceSpec, SnapshotHook, resolve
@@ -155,6 +156,15 @@ class Service:
             tags=s.client_tags,
             plugins=[f"{p.name} ({p.distribution} {p.version})" for p in resolved.plugins],
         )
-        code = Runtime(resolved).run()
+        try:  # another instance on this folder or port: one line now, not a traceback later
+            claim = claim_state_dir(s.store_dir, s.instance_id)
+            check_web_port(s.web_host, s.web_port)
+        except StartupConflict as exc:
+            log.error(exc.what, setting=exc.setting, fix=exc.fix, exit_code=EXIT_CANNOT_START)
+            sys.exit(EXIT_CANNOT_START)
+        try:
+            code = Runtime(resolved).run()
+        finally:
+            claim.release()
         log.info("stopped", exit_code=code)
         sys.exit(code)

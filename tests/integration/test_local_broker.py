@@ -135,6 +135,35 @@ def test_cli_reuses_the_running_broker(broker: LocalBroker) -> None:
     assert status.stdout.splitlines() == [f"bootstrap={info.bootstrap}", f"pid={info.pid}"]
 
 
+def test_start_uses_the_kafka_already_answering_on_the_port(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    """`make run` with BROKER_PORT of a running broker: no second broker, a note says so."""
+    info = broker.status()
+    assert info is not None
+    started = cli("start", "--data-dir", str(tmp_path / "other"), "--port", str(info.port))
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == f"bootstrap={info.bootstrap}\n"
+    assert f"Kafka already answers at {info.bootstrap}" in started.stderr
+    assert LocalBroker(tmp_path / "other").status() is None
+
+
+def test_start_without_a_data_dir_finds_the_broker_running_from_another(
+    broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell without ENHYDRA_BROKER_DIR finds the broker another shell started (this one
+    lives in the temp folder, which the search leaves out: a test session's broker)."""
+    from enhydra.cli import kafka as cli_kafka
+
+    info = broker.status()
+    assert info is not None
+    monkeypatch.setattr(cli_kafka.tempfile, "gettempdir", lambda: str(tmp_path / "elsewhere"))
+    assert info in cli_kafka.running_brokers()
+    default = LocalBroker(tmp_path / "default")  # the cache folder's, not running
+    if cli_kafka.running_brokers(exclude=default.data_dir) == [info]:  # no one else's here
+        assert cli_kafka._running_elsewhere(default, None, explicit_dir=False) == info.bootstrap
+
+
 async def test_restart_keeps_data(broker: LocalBroker) -> None:
     before = broker.status()
     assert before is not None

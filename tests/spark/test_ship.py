@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 
+from enhydra.plugins import Handler, extend
 from enhydra.spark.job import BackfillError, local_cores, plan_layout
 from enhydra.spark.ship import (
     EXECUTOR_MODULES,
@@ -23,7 +24,7 @@ def names(path) -> set[str]:
         return set(archive.namelist())
 
 
-def test_the_job_archive_holds_the_service_package_and_the_pure_parts() -> None:
+def test_the_job_archive_holds_the_service_package_and_the_whole_runtime() -> None:
     path, packages = job_archive(accounts)
     assert packages == ["ledger"] == service_packages(accounts)
     inside = names(path)
@@ -32,10 +33,24 @@ def test_the_job_archive_holds_the_service_package_and_the_pure_parts() -> None:
         parts = module.split(".")
         assert f"{'/'.join(parts)}/__init__.py" in inside or f"{'/'.join(parts)}.py" in inside
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in inside)
-    assert not any(
-        n.startswith(("enhydra/service", "enhydra/stores", "enhydra/cli")) for n in inside
-    )
+    # whole: a part of it in front of an installed copy would hide that copy's other modules
+    assert {"enhydra/service.py", "enhydra/plugins.py", "enhydra/stores/__init__.py"} <= inside
     assert job_archive(accounts)[0] == path  # same code, same bytes, same file
+
+
+def test_an_extended_aggregate_ships_the_packages_of_its_handlers() -> None:
+    """A handler's functions (a plugin's, or a generated one's) live outside the service's
+    package, behind the dispatcher `extend` puts in front of decide and apply."""
+    handler = Handler("audit", audit_decide, {"audited": audit_apply})
+    assert service_packages(extend(accounts, handler)) == ["ledger", "tests"]
+
+
+def audit_decide(state, command):  # in this test module: the top-level package `tests`
+    return [{"type": "audited"}]
+
+
+def audit_apply(state, event):
+    return state
 
 
 def test_the_reader_archive_is_pure_python() -> None:

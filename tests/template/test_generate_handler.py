@@ -27,12 +27,23 @@ def generate_and_test(project: Path, package: str, report: Path) -> str:
     return (project / package / "handlers" / "restock.py").read_text()
 
 
-def test_a_typed_service_gets_a_handler_declaring_its_command(tmp_path: Path) -> None:
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_typed_service_gets_a_handler_declaring_its_command(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """... and still backfills: domain.py now imports enhydra.plugins, which the job ships."""
     made = enhydra_new(tmp_path / "out", "project_name=Returns")
     assert made.returncode == 0, made.stdout + made.stderr
-    source = generate_and_test(tmp_path / "out" / "returns", "returns", tmp_path / "report.xml")
+    project = tmp_path / "out" / "returns"
+    source = generate_and_test(project, "returns", tmp_path / "report.xml")
     assert "class Restock(msgspec.Struct, tag=COMMAND):" in source
-    assert "handler = Handler(COMMAND, decide, {EVENT: apply}, parse=parse)" in source
+    assert "    parse=parse,\n    command_type=Restock,\n)" in source
+    report = tmp_path / "backfill.xml"
+    backfill = run_pytest(project, report, "tests/test_backfill.py", bootstrap=kafka_bootstrap)
+    assert backfill.returncode == 0, backfill.stdout[-6000:] + backfill.stderr[-3000:]
+    assert set(outcomes(report).values()) == {"passed"}, outcomes(report)
 
 
 def test_an_untyped_service_gets_a_handler_of_dicts(tmp_path: Path) -> None:

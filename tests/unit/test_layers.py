@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("plugins",),
     ("spec", "topology"),
     # the Kafka access layer: the only place aiokafka clients are built
-    ("kafka",),
+    ("kafka", "preflight"),
     # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
     # failure detection (probes peers, removes dead members through kafka.membership)
     ("runner", "control", "assignment.protocol", "failover"),

@@ -78,6 +78,12 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
     assert "projection tool_activity: projection added" in check.stdout
     shown = json.loads(enhydra(project, "topology", "show", "tool_shed.service:service").stdout)
     assert shown["handlers"][0]["decide"]["restock"] == "tool_shed.handlers.restock:decide"
+    # the handlers' types are part of the contract: topology, and asyncapi.json (its test
+    # rewrote it while the baseline is not deployed)
+    assert shown["messages"]["commands"]["restock"]["schema"]["title"] == "Restock"
+    assert {"restock_recorded", "audit_note_recorded"} <= set(shown["messages"]["events"])
+    channels = json.loads((project / "asyncapi.json").read_text())["channels"].values()
+    assert any("restock" in channel["messages"] for channel in channels)
 
 
 def outcomes_of(project: Path, report: Path) -> dict[str, str]:

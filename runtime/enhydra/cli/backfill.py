@@ -284,8 +284,10 @@ def _spark_failure(exc: BaseException) -> str | None:
     module = [line for line in text.splitlines() if "ModuleNotFoundError: " in line]
     if module:
         return module[-1].strip() + (
-            " on an executor: keep apply in a module that does not import the runtime "
-            "(the template's domain.py), and install pyarrow and orjson on the workers"
+            " on an executor: the workers need what the module of apply imports; keep apply "
+            "in a module that imports no more than Enhydra's pure parts (the template's "
+            "domain.py), or install the service's dependencies there; pyarrow and orjson are "
+            "needed on the workers in any case"
         )
     return None
 

@@ -142,18 +142,23 @@ def tool_logging() -> None:
 # --------------------------------------------------------------------------- options
 
 
-def setting_option(*decls: str, setting: str, **attrs: Any) -> Callable[[F], F]:
+def setting_option(
+    *decls: str,
+    setting: str,
+    fallback: Callable[[], Any] | None = None,
+    **attrs: Any,
+) -> Callable[[F], F]:
     """A flag for one setting: ENHYDRA_<SETTING> is its variable, Settings' own parser checks it.
 
-    The value reaches the command parsed (a port as an int), or None when neither the flag nor
-    the variable is given.
+    The value reaches the command parsed (a port as an int); when neither the flag nor the
+    variable is given, `fallback()` (e.g. the project's value, cli/project.py), else None.
     """
     field = {f.name: f for f in dataclasses.fields(Settings)}[setting]
     parser = field.metadata["parser"]
 
     def parse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
-            return None
+            return fallback() if fallback is not None else None
         try:
             return parser(setting, str(value).strip())
         except SettingsError as exc:
@@ -170,9 +175,27 @@ def setting_option(*decls: str, setting: str, **attrs: Any) -> Callable[[F], F]:
 
 
 def app_option(required: bool = True, **attrs: Any) -> Callable[[F], F]:
-    """`--app`: the application id (group id and topic prefix), else ENHYDRA_APP_ID."""
-    attrs.setdefault("help", "The application id: its group id and the prefix of its topics.")
-    return setting_option("--app", "app_id", setting="app_id", required=required, **attrs)
+    """`--app`: the application id (group id and topic prefix), else ENHYDRA_APP_ID, else (when
+    `required`) the app id of the project around the current folder."""
+    attrs.setdefault(
+        "help",
+        "The application id: its group id and the prefix of its topics "
+        "[default: the project's, inside a project made by `enhydra new`].",
+    )
+    fallback = _project_app_id if required else None
+    return setting_option("--app", "app_id", setting="app_id", fallback=fallback, **attrs)
+
+
+def _project_app_id() -> str:
+    from enhydra.cli.project import default_app_id
+
+    app_id = default_app_id()
+    if app_id is None:
+        raise click.UsageError(
+            "no application id: give --app (or ENHYDRA_APP_ID), or run inside the project "
+            "made by `enhydra new`"
+        )
+    return app_id
 
 
 def deprecated_option(old: str, dest: str, instead: str) -> Callable[[F], F]:

@@ -78,6 +78,7 @@ def dlq() -> None:
     \b
     Example:
       enhydra dlq list --app billing --since 2026-11-22T10:00
+      enhydra dlq show 0@17          # inside a project: its app id
     """
 
 
@@ -106,21 +107,47 @@ def list_(**opts: object) -> None:
     click.echo(f"{len(rows)} dead letter(s)")
 
 
+def parse_position(text: str) -> tuple[int, int]:
+    """`PARTITION@OFFSET` as `dlq list` prints it (e.g. 0@17): (partition, offset)."""
+    partition, sep, offset = text.partition("@")
+    if not sep or not partition.isdigit() or not offset.isdigit():
+        raise click.BadParameter(
+            f"{text!r}: expected PARTITION@OFFSET as `enhydra dlq list` prints it, e.g. 0@17",
+            param_hint="DLQ",
+        )
+    return int(partition), int(offset)
+
+
 @dlq.command()
+@click.argument("position", metavar="[PARTITION@OFFSET]", required=False)
 @_common
-@click.option("--offset", "dlq_offset", type=int, required=True, help="DLQ offset to show.")
-@click.option("--dlq-partition", type=int, default=0, show_default=True)
-def show(dlq_offset: int, dlq_partition: int, **opts: object) -> None:
+@click.option("--offset", "dlq_offset", type=int, help="DLQ offset to show (or PARTITION@OFFSET).")
+@click.option("--dlq-partition", type=int, help="DLQ partition [default: 0].")
+def show(
+    position: str | None, dlq_offset: int | None, dlq_partition: int | None, **opts: object
+) -> None:
     """One dead letter in full: key, decoded value, every header, the stack trace.
 
+    PARTITION@OFFSET is the `dlq` column of `enhydra dlq list`.
+
     \b
-    Example:
+    Examples:
+      enhydra dlq show 0@17
       enhydra dlq show --app billing --offset 17
     """
+    if position is not None:
+        if dlq_offset is not None or dlq_partition is not None:
+            raise click.UsageError("give PARTITION@OFFSET or --offset/--dlq-partition, not both")
+        dlq_partition, dlq_offset = parse_position(position)
+    elif dlq_offset is None:
+        raise click.UsageError("which dead letter? Give PARTITION@OFFSET, e.g. 0@17 (dlq list)")
+    dlq_partition = dlq_partition or 0
     _, letters = _load(opts)
     found = [x for x in letters if x.dlq_offset == dlq_offset and x.dlq_partition == dlq_partition]
     if not found:
-        raise click.ClickException(f"no dead letter at {dlq_partition}@{dlq_offset}")
+        raise click.ClickException(
+            f"no dead letter at {dlq_partition}@{dlq_offset} (`enhydra dlq list` shows them)"
+        )
     letter = found[0]
     body = {
         "key": letter.key.decode("utf-8", "replace") if letter.key is not None else None,

@@ -56,7 +56,8 @@ def find_project(start: Path) -> Project:
         packages = wheel.get("wheel", {}).get("packages") or []
         name = str(data.get("project", {}).get("name", "")).replace("-", "_")
         package = packages[0] if packages else name
-        if not package or not (folder / package / "service.py").is_file():
+        # a package, not a path: this repository's own `runtime/enhydra` is no service project
+        if not package.isidentifier() or not (folder / package / "service.py").is_file():
             raise GenerateError(
                 f"{folder} is not an Enhydra service: no {package or '<package>'}/service.py "
                 "(run this inside a project made by `enhydra new`)"

@@ -7,20 +7,26 @@ as a live status line) and notes go to stderr.
 
 from __future__ import annotations
 
+import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import click
+from click.core import ParameterSource
 
 from enhydra.cli.common import StatusLine
 from enhydra.devtools.broker import (
     DEFAULT_PORT,
+    HOST,
     KAFKA_VERSION,
+    PROPERTIES_FILE,
     BrokerError,
     BrokerInfo,
     LocalBroker,
     kafka_classpath,
+    read_state,
 )
 from enhydra.devtools.broker_security import ADMIN_USER
 
@@ -95,23 +101,41 @@ def kafka() -> None:
     "TLS) or ssl (mutual TLS with a client certificate).",
 )
 @click.option("--env", "as_env", is_flag=True, help="Print the settings as ENHYDRA_*= lines.")
+@click.pass_context
 def start(
-    port: int | None, data_dir: Path | None, timeout: float, security: str | None, as_env: bool
+    ctx: click.Context,
+    port: int | None,
+    data_dir: Path | None,
+    timeout: float,
+    security: str | None,
+    as_env: bool,
 ) -> None:
     """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`.
+
+    A broker already running on this machine is used first, never doubled by surprise: the one
+    of the data dir, else (without --data-dir, ENHYDRA_BROKER_DIR or --port) the one started
+    from another data dir, else whatever Kafka answers on the port. A note says which.
 
     \b
     Examples:
       enhydra kafka start
+      enhydra kafka start --port 19092
       enhydra kafka start --security sasl_ssl
       eval "$(enhydra kafka start --security ssl --env)"
     """
     broker = LocalBroker(data_dir, port, secured=security is not None)
+    explicit_dir = ctx.get_parameter_source("data_dir") is not ParameterSource.DEFAULT
+    if security is None and broker.status() is None:
+        found = _running_elsewhere(broker, port, explicit_dir)
+        if found is not None:
+            _print({"bootstrap": found}, as_env)
+            return
     status = _MavenStatus()
     try:
         running = broker.status()
         if running is None:
-            _note(f"starting Apache Kafka {KAFKA_VERSION} (data in {broker.data_dir})")
+            chosen = "a free port" if port == 0 else f"port {port or _last_port(broker)}"
+            _note(f"starting Apache Kafka {KAFKA_VERSION} on {chosen} (data in {broker.data_dir})")
         info = broker.start(timeout=timeout, report=status)
     except (BrokerError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -121,13 +145,92 @@ def start(
         _note(f"reusing the running broker (pid {info.pid}, data in {info.data_dir})")
     else:
         _note(f"Kafka is ready (pid {info.pid}); logs in {broker.server_log}")
-    settings = client_settings(info, security)
+    _print(client_settings(info, security), as_env)
+
+
+def _print(settings: dict[str, str], as_env: bool) -> None:
     for name, value in settings.items():
         if as_env:
             setting = "bootstrap_servers" if name == "bootstrap" else name
             click.echo(f"ENHYDRA_{setting.upper()}={value}")
         else:
             click.echo(f"{name}={value}")
+
+
+def _last_port(broker: LocalBroker) -> int:
+    previous = read_state(broker.data_dir)
+    return previous.port if previous is not None else DEFAULT_PORT
+
+
+def _running_elsewhere(broker: LocalBroker, port: int | None, explicit_dir: bool) -> str | None:
+    """The bootstrap of a broker this machine already runs that `start` should use instead of
+    starting one from `broker.data_dir`, with a note saying which; None: start one."""
+    others = [] if explicit_dir or port is not None else running_brokers(exclude=broker.data_dir)
+    if len(others) == 1:
+        (other,) = others
+        _note(
+            f"using the broker already running from {other.data_dir} (pid {other.pid}); "
+            f"--data-dir {broker.data_dir} or --port N starts another one"
+        )
+        return other.bootstrap
+    wanted = port if port not in (None, 0) else _last_port(broker) if port is None else None
+    if wanted is not None and kafka_answers(f"{HOST}:{wanted}"):
+        _note(
+            f"Kafka already answers at {HOST}:{wanted} (not started from {broker.data_dir}): "
+            "using it; --port N starts a broker on another port"
+        )
+        return f"{HOST}:{wanted}"
+    if others:
+        listed = ", ".join(f"{o.bootstrap} from {o.data_dir}" for o in others)
+        _note(f"other brokers are running ({listed}); this starts one from {broker.data_dir}")
+    return None
+
+
+def running_brokers(exclude: Path | None = None) -> list[BrokerInfo]:
+    """Brokers `enhydra kafka start` runs on this machine from other data dirs (Linux: found in
+    /proc), leaving out test sessions' ones: those live in the temp folder and go with it."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    temp = Path(tempfile.gettempdir()).resolve()
+    found: dict[Path, BrokerInfo] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        if len(argv) < 2 or argv[-2] != "kafka.Kafka" or not argv[-1].endswith(PROPERTIES_FILE):
+            continue
+        data_dir = Path(argv[-1]).parent
+        if data_dir == exclude or data_dir.is_relative_to(temp) or data_dir in found:
+            continue
+        info = LocalBroker(data_dir).status()
+        if info is not None:
+            found[data_dir] = info
+    return sorted(found.values(), key=lambda info: str(info.data_dir))
+
+
+def kafka_answers(bootstrap: str) -> bool:
+    """Something at `bootstrap` answers a Kafka metadata request (in a few seconds)."""
+    import asyncio
+
+    from enhydra.kafka.clients import check_access
+    from enhydra.kafka.errors import KafkaAccessError
+
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            pass
+    except OSError:
+        return False
+    try:
+        asyncio.run(check_access(bootstrap, timeout=5.0))
+    except (KafkaAccessError, OSError, TimeoutError):
+        return False
+    return True
 
 
 def client_settings(info: BrokerInfo, security: str | None) -> dict[str, str]:

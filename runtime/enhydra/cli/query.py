@@ -9,6 +9,7 @@ import click
 import orjson
 
 from enhydra.cli.common import EXIT_NOTHING, EXIT_UNREACHABLE, EXIT_USAGE, fail
+from enhydra.cli.project import default_query_url
 from enhydra.query.client import Client, QueryError
 
 
@@ -23,7 +24,8 @@ from enhydra.query.client import Client, QueryError
     show_envvar=True,
     metavar="URL",
     help="An instance's URL (repeatable; any instance answers for every key) "
-    "[default: http://127.0.0.1:6066].",
+    "[default: the project's web port inside a project made by `enhydra new`, else "
+    "http://127.0.0.1:6066].",
 )
 @click.option(
     "--token",
@@ -56,7 +58,7 @@ def query(
       enhydra query accounts acct-42
       enhydra query accounts acct-42 --url http://ledger-1:6066 --url http://ledger-2:6066
     """
-    seeds = list(urls) or ["http://127.0.0.1:6066"]
+    seeds = list(urls) or [default_query_url() or "http://127.0.0.1:6066"]
     said: list[str] = []
 
     def waiting(reason: str) -> None:

@@ -19,6 +19,7 @@ from enhydra.cli.common import (
     load_service,
     target_or_alias,
 )
+from enhydra.cli.project import project_service
 from enhydra.contracts.codec import decode_entry
 from enhydra.contracts.fingerprint import accepted_store_fingerprints
 from enhydra.service import Service
@@ -344,7 +345,8 @@ def at(
     output: Path,
     conn: Connection,
 ) -> None:
-    """Build the snapshot as of a time by replaying the events topic through TARGET's `apply`.
+    """Build the snapshot as of a time by replaying the events topic through TARGET's `apply`
+    (MODULE:ATTR; default: the service of the project around the current folder).
 
     \b
     Example:
@@ -356,9 +358,12 @@ def at(
         raise click.BadParameter(f"{when!r}: expected an ISO time", param_hint="--time") from None
     if until.tzinfo is None:
         until = until.replace(tzinfo=dt.UTC)
-    svc = _service(target, service_alias)
+    svc = _service(target, service_alias) or project_service()
     if svc is None:
-        raise click.UsageError("Missing argument 'TARGET' (MODULE:ATTR of the service).")
+        raise click.UsageError(
+            "Missing argument 'TARGET' (MODULE:ATTR of the service), or run inside the "
+            "project made by `enhydra new`."
+        )
     app = app_id or svc.settings.app_id
     bound = svc.aggregate.bind(app)
     line = StatusLine()

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from enhydra.cli.common import load_service
-from enhydra.cli.generate import GenerateError, find_project
+from enhydra.cli.project import project_target, require_project, target_of
 from enhydra.plugins import PluginError
 from enhydra.settings import SettingsError
 from enhydra.topology import (
@@ -68,21 +68,22 @@ def topology() -> None:
 
 
 @topology.command()
-@click.argument("target")
+@click.argument("target", required=False)
 @click.option(
     "--format", "fmt", type=click.Choice(["json", "mermaid"]), default="json", show_default=True
 )
 @click.option(
     "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file."
 )
-def show(target: str, fmt: str, output: Path | None) -> None:
-    """Print TARGET's (MODULE:ATTR) topology and fingerprint, as JSON or a Mermaid diagram.
+def show(target: str | None, fmt: str, output: Path | None) -> None:
+    """Print TARGET's (MODULE:ATTR; default: the project's) topology and fingerprint, as JSON
+    or a Mermaid diagram.
 
     \b
     Example:
       enhydra topology show billing.service:service --format mermaid
     """
-    topo = _topology(target)
+    topo = _topology(target or project_target("topology show"))
     text = dump(topo) if fmt == "json" else to_mermaid(topo)
     if output is None:
         click.echo(text, nl=False)
@@ -92,11 +93,12 @@ def show(target: str, fmt: str, output: Path | None) -> None:
 
 
 @topology.command()
-@click.argument("target")
+@click.argument("target", required=False)
 @click.option(
     "--against",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The deployed topology (a file written by `topology show`).",
+    help=f"The deployed topology (a file written by `topology show` or `lock`) [default: the "
+    f"project's {BASELINE}].",
 )
 @click.option(
     "--live",
@@ -105,24 +107,28 @@ def show(target: str, fmt: str, output: Path | None) -> None:
     "settings): partitions, compaction, retention, replication, min ISR.",
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def check(target: str, against: Path | None, live: bool, fmt: str) -> None:
-    """Compare TARGET with the deployed topology; exit 1 if a change is incompatible.
+def check(target: str | None, against: Path | None, live: bool, fmt: str) -> None:
+    """Compare TARGET (MODULE:ATTR; default: the project's) with the deployed topology; exit 1
+    if a change is incompatible.
 
     A baseline marked `"deployed": false` (see `topology lock`) only reports the changes.
     With --live, TARGET's topics on the cluster are checked as a start would check them:
     exit 1 when one would refuse the start (each line says the fix).
 
     \b
-    Example:
+    Examples:
+      enhydra topology check                  # in a project made by `enhydra new`
       enhydra topology check billing.service:service --against topology.json
       enhydra topology check billing.service:service --live
     """
-    if against is None and not live:
-        raise click.UsageError("give --against FILE, --live, or both")
+    if live and against is None:  # the cluster only
+        target, _ = locate(target, None, "topology check")
+        _check_live(target, fmt)
+        return
+    target, against = locate(target, against, "topology check")
     if live:
         _check_live(target, fmt)
-    if against is not None:
-        _check_against(target, against, fmt)
+    _check_against(target, against, fmt)
 
 
 def _check_live(target: str, fmt: str) -> None:
@@ -196,13 +202,8 @@ def locate(
     """TARGET and the baseline file: given, or those of the project around the current folder."""
     if target is not None:
         return target, output or Path(BASELINE)
-    try:
-        project = find_project(Path.cwd())
-    except GenerateError as exc:
-        raise click.ClickException(
-            f"{exc.message}; or name the service: enhydra {command} MODULE:ATTR"
-        ) from None
-    return f"{project.package}.service:service", output or project.root / BASELINE
+    project = require_project(command)
+    return target_of(project), output or project.root / BASELINE
 
 
 @topology.command()

@@ -92,6 +92,7 @@ def resolve_target(spec: str) -> Target:
         aggregate = load_aggregate(spec)
     except FoldError as exc:
         raise BackfillError(str(exc)) from exc
+    from enhydra.plugins import PluginError
     from enhydra.service import Service
     from enhydra.settings import SettingsError
 
@@ -100,7 +101,9 @@ def resolve_target(spec: str) -> Target:
     if isinstance(obj, Service):
         try:
             s = obj.settings
-        except SettingsError as exc:
+            # the aggregate the service runs: extended by the installed plugins' handlers
+            aggregate = obj.resolved().aggregate
+        except (SettingsError, PluginError) as exc:
             raise BackfillError(f"{spec}: {exc}") from exc
         return Target(spec, aggregate, s.app_id, s.dedup_window, s.connection)
     return Target(spec, aggregate, None, 100, None)

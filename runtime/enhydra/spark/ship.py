@@ -7,14 +7,23 @@ it with `SparkContext.addPyFile` (what `spark-submit --py-files` does), on every
 
 - the service's own package (the top-level package of the aggregate's functions, found from
   the functions themselves, so `ledger.domain.apply` ships `ledger/`);
-- Enhydra's pure parts (`EXECUTOR_MODULES`): the programming model, the contracts (entry
-  codec, header names, partitioner), the snapshot format and the Spark code. None of them
-  imports faust, aiokafka, rocksdict or structlog at import time (tests/spark/test_imports.py
-  keeps it so). The Kafka access layer
-  (`READER_MODULES`) rides along for the Python reader; only that reader imports it.
+- the handlers' packages too: an aggregate extended by `enhydra.plugins.extend` (a generated
+  handler, an installed plugin) dispatches to functions of other modules;
+- all of Enhydra's own sources, not a chosen part: Python takes a package whole from the
+  first sys.path entry that has it, and Spark puts this zip in front, so a partial `enhydra`
+  would hide the installed one's other modules from a service that imports them ("No module
+  named 'enhydra.service'" for a one-module service). Whole, it is the very runtime that
+  planned the job, whatever copy the worker has.
+  On workers with only pyspark, pyarrow and orjson, executors import `EXECUTOR_MODULES`
+  alone, none of which imports faust, aiokafka, rocksdict or structlog at import time
+  (tests/spark/test_imports.py keeps it so); there the service's apply must live in a module
+  that imports no more (the template's domain.py, handlers included), while a one-module
+  service (`Service(...)` beside apply) needs the runtime installed on the workers, as on
+  local[N]. The Kafka access layer (`READER_MODULES`) is
+  imported by the Python reader only.
 
 Why a zip of sources and not an environment archive (venv-pack, conda-pack): these are pure
-Python and weigh ~100 kB, while an environment holds the whole runtime (faust, RocksDB,
+Python and weigh ~330 kB, while an environment holds the whole runtime (faust, RocksDB,
 aiohttp: hundreds of MB per job) and only runs where the OS, CPU and Python match the
 driver's. The native packages executors need (pyarrow, orjson) are the ones a Spark image
 ships or installs once.
@@ -56,6 +65,9 @@ EXECUTOR_MODULES = (
     "enhydra.contracts.partitioner",
     "enhydra.evolution",
     "enhydra.messages",  # typed declarations: needs msgspec, only a typed service imports it
+    "enhydra.plugins",  # extend/Handler: a domain module with generated handlers imports it
+    "enhydra.projections",
+    "enhydra.projections.model",
     "enhydra.snapshots",
     "enhydra.snapshots.format",
     "enhydra.spark",
@@ -126,10 +138,24 @@ def _module_files(module: ModuleType) -> list[tuple[Path, str]]:
     return files
 
 
+def _components(fn: Any) -> Iterable[Any]:
+    """fn and, for an extended aggregate's dispatcher (plugins.py), every function it routes to;
+    a wrapper (functools.wraps) also yields what it wraps."""
+    yield fn
+    parts = getattr(fn, "parts", None)
+    if callable(parts):
+        for _, part in parts():
+            yield from _components(part)
+    wrapped = getattr(fn, "__wrapped__", None)
+    if wrapped is not None:
+        yield from _components(wrapped)
+
+
 def service_packages(aggregate: Aggregate) -> list[str]:
     """Top-level packages the aggregate's functions come from (what executors unpickle)."""
     found = []
-    for fn in (aggregate.apply, aggregate.decide, aggregate.parse, *aggregate.upcasters.values()):
+    functions = (aggregate.apply, aggregate.decide, aggregate.parse, *aggregate.upcasters.values())
+    for fn in (part for top in functions for part in _components(top)):
         module = getattr(fn, "__module__", None)
         if not module:
             continue
@@ -141,13 +167,10 @@ def service_packages(aggregate: Aggregate) -> list[str]:
 
 
 def _enhydra_files() -> list[tuple[Path, str]]:
-    files = []
-    for name in (*EXECUTOR_MODULES, *READER_MODULES):
-        file = Path(importlib.import_module(name).__file__ or "")
-        parts = name.split(".")
-        package = parts if file.name == "__init__.py" else parts[:-1]
-        files.append((file, "/".join([*package, file.name])))
-    return files
+    """Every file of the enhydra package: never a part of it (see the module's docstring)."""
+    import enhydra
+
+    return _module_files(enhydra)
 
 
 def _zip(entries: Iterable[tuple[Path, str]]) -> bytes:

@@ -333,10 +333,10 @@ def build_asyncapi(
 
     command_messages: dict[str, Any] = {}
     for name, command in (messages.get("commands") or {}).items():
-        command_messages[name] = _message(
-            name, f"command {name!r}", schemas.payload(command["schema"]), key
-        )
-    if not command_messages:
+        schema = command.get("schema")  # None: a handler's command declared by name only
+        payload = schemas.payload(schema) if schema is not None else _generic("command", name)
+        command_messages[name] = _message(name, f"command {name!r}", payload, key)
+    if not messages.get("typed") and "command" not in command_messages:
         declared = commands_topic["value"].get("schema")
         payload = schemas.payload(declared) if declared else _generic("command")
         command_messages["command"] = _message("command", "a command (untyped)", payload, key)

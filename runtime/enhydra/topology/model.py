@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from enhydra.aggregate import Aggregate
 from enhydra.contracts.fingerprint import fingerprint
 from enhydra.contracts.names import control_topic_name
+from enhydra.plugins import message_types
 from enhydra.projections.model import Projection
 from enhydra.spec import ResolvedService
 
@@ -126,12 +127,16 @@ def messages_section(aggregate: Aggregate) -> dict[str, Any]:
     (derived from typed declarations, messages.py), event versions with their upcaster steps,
     and the state's version with its migration steps.
 
-    Untyped aggregates list the event types they version, without schemas. The baseline
-    (baseline.py) keeps the schema of every event version ever deployed next to these.
+    Untyped aggregates list the event types they version, without schemas. The command and
+    event types of handlers (plugins.extend: generated handlers, installed plugins) are listed
+    too, with the schemas of the Structs they declare. The baseline (baseline.py) keeps the
+    schema of every event version ever deployed next to these.
     """
     typed = aggregate.typed
+    handler_commands, handler_events = message_types(aggregate)
+    declared = [*handler_commands.values(), *handler_events.values()]
     schema_of: Any = None
-    if typed is not None:
+    if typed is not None or any(cls is not None for cls in declared):
         from enhydra.messages import json_schema as schema_of
     commands: dict[str, Any] = {}
     events: dict[str, Any] = {}
@@ -141,6 +146,12 @@ def messages_section(aggregate: Aggregate) -> dict[str, Any]:
         for name, cls in zip(typed.event_names, typed.event_types, strict=True):
             version = aggregate.event_versions.get(name, 1)
             events[name] = {"version": version, "schemas": {str(version): schema_of(cls)}}
+    for name, cls in handler_commands.items():
+        commands.setdefault(name, {"schema": schema_of(cls) if cls is not None else None})
+    for name, cls in handler_events.items():
+        version = aggregate.event_versions.get(name, 1)
+        schemas = {str(version): schema_of(cls)} if cls is not None else {}
+        events.setdefault(name, {"version": version, "schemas": schemas})
     for name, version in aggregate.event_versions.items():
         events.setdefault(name, {"version": version, "schemas": {}})
     for name, event in events.items():

@@ -66,7 +66,7 @@ def test_backfill_rebuilds_the_service_state(
             str(PROJECT_ROOT / "jobs" / "backfill.py"),
             "--bootstrap",
             kafka_bootstrap,
-            "--app-id",
+            "--app",
             app_id,
             "--master",
             "local[2]",

@@ -52,4 +52,12 @@ def apply(state: Any, event: dict[str, Any]) -> Any:
     return msgspec.structs.replace(state, version=state.version + 1)
 
 
-handler = Handler(COMMAND, decide, {EVENT: apply}, parse=parse)
+# command_type puts the command's JSON Schema into topology.json and asyncapi.json, so
+# `enhydra topology check` guards its shape and senders can discover it.
+handler = Handler(
+    COMMAND,
+    decide,
+    {EVENT: apply},
+    parse=parse,
+    command_type={{ name | class_name }},
+)
