@@ -8,6 +8,7 @@ with its origin, a log line, or a RecordFailed that stops the worker.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -121,22 +122,22 @@ class AggregateStep:
         s = self.settings
         agg = self.aggregate
         limit = min(s.max_output_bytes, self.max_record_bytes)
+        batch = functools.partial(
+            process_batch,
+            agg.aggregate,
+            load=load,
+            dedup_window=s.dedup_window,
+            transient=self.transient,
+            give_up=give_up,
+            max_output_bytes=limit,
+            partition=task.partition,  # a record on another partition than its key's fails
+            partitions=s.partitions,
+        )
         result = BatchResult()
         for at in range(0, len(records), size):
             if at:
                 yield
-            process_batch(
-                agg.aggregate,
-                records[at : at + size] if size < len(records) else records,
-                load,
-                dedup_window=s.dedup_window,
-                transient=self.transient,
-                give_up=give_up,
-                max_output_bytes=limit,
-                into=result,
-                partition=task.partition,  # a record on another partition than its key's fails
-                partitions=s.partitions,
-            )
+            batch(records[at : at + size] if size < len(records) else records, into=result)
             if result.interrupted is not None:
                 break
 
@@ -147,19 +148,7 @@ class AggregateStep:
 
             Rare (a state grew too large); decide runs again for these records.
             """
-            handled = [r for r in records if r.offset <= last_offset]
-            rerun = process_batch(
-                agg.aggregate,
-                handled,
-                load,
-                dedup_window=s.dedup_window,
-                transient=self.transient,
-                give_up=give_up,
-                max_output_bytes=limit,
-                checked=checked,
-                partition=task.partition,
-                partitions=s.partitions,
-            )
+            rerun = batch([r for r in records if r.offset <= last_offset], checked=checked)
             if rerun.interrupted is None:
                 rerun.interrupted, rerun.last_offset = interrupted, last_offset
             return rerun
