@@ -6,13 +6,17 @@ tests walk it through the states a task goes through in a rebalance.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
 from enhydra.assignment.protocol import MemberAssignment
+from enhydra.query.http import build_app
 from enhydra.runner.registry import TaskRegistry, Verdict
 from enhydra.runner.tasks import Role, TaskStatus
 from enhydra.runner.watchdog import Watchdog
@@ -115,3 +119,24 @@ def test_the_watchdog_never_reports_a_task_that_moved_or_had_nothing_waiting(ste
             quiet_since = now
         dog.observe(0, now, phase="processing", position=position, waiting=waiting, held=held)
         assert (0 in dog.stuck) == (now - quiet_since >= 5)
+
+
+def test_a_stuck_task_fails_the_liveness_probe_and_says_which(registry: TaskRegistry) -> None:
+    """/health/live is what an orchestrator restarts on: a stuck task must fail it, by name."""
+    registry.assign({0}, MemberAssignment())
+    registry.restored(registry.tasks[0])
+    engine = SimpleNamespace(registry=registry, stopping=False, settings=registry.settings)
+
+    async def scenario() -> tuple[int, dict, int]:
+        app = build_app(lambda: engine, "i1", "accounts", settings=registry.settings)
+        async with TestClient(TestServer(app)) as client:
+            healthy = (await client.get("/health/live")).status
+            registry.watchdog.observe(0, 0.0, phase="processing", position=4, waiting=12)
+            registry.watchdog.observe(0, 30.0, phase="processing", position=4, waiting=12)
+            answer = await client.get("/health/live")
+            return healthy, await answer.json(), answer.status
+
+    healthy, body, status = asyncio.run(scenario())
+    assert healthy == 200
+    assert status == 503 and body["code"] == "unavailable"
+    assert "partition 0 made no processing progress for 30s" in body["stuck"]["0"]
