@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,3 +117,32 @@ def test_a_missing_topic_is_one_line_and_exit_code_1(runner, monkeypatch) -> Non
         "Error: no topic 'library-rejections': has the service run yet? (or give --topic; "
         "`enhydra topology show` lists the service's topics)"
     ]
+
+
+SERVICE = """
+from enhydra import Aggregate, Service
+
+books = Aggregate("books", decide=lambda s, c: [], apply=lambda s, e: s,
+                  rejections_topic="library-refusals")
+service = Service("library", books)
+"""
+
+
+def test_inside_a_project_its_app_id_and_rejections_topic_are_used(runner, monkeypatch, tmp_path):
+    root = tmp_path / "library"
+    (root / "librejects").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "librejects"\nversion = "0.1.0"\n')
+    (root / "librejects" / "__init__.py").write_text("")
+    (root / "librejects" / "service.py").write_text(SERVICE)
+    monkeypatch.chdir(root / "librejects")
+    monkeypatch.setattr(sys, "path", [*sys.path])  # the project's root is put on it
+    asked: list[str] = []
+
+    async def read_last(conn, topic, last):
+        asked.append(topic)
+        return []
+
+    monkeypatch.setattr(cli, "read_last", read_last)
+    assert runner.invoke(main, ["rejections", "list"]).exit_code == 0
+    assert runner.invoke(main, ["rejections", "list", "--app", "other"]).exit_code == 0
+    assert asked == ["library-refusals", "other-rejections"]
