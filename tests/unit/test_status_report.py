@@ -4,6 +4,8 @@ the DLQ count from offsets."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections import deque
 from types import SimpleNamespace
 
@@ -14,9 +16,9 @@ from enhydra.errors.policies import ErrorPolicies
 from enhydra.processing.core import InputRecord, Rejected
 from enhydra.processing.step import AggregateStep
 from enhydra.query import rejections
-from enhydra.query.dlq import count
+from enhydra.query.dlq import DeadLetterCount, count
 from enhydra.runner.tasks import Task
-from enhydra.settings import Settings
+from enhydra.settings import Connection, Settings
 from enhydra.stores.partition import PartitionStore
 
 
@@ -69,3 +71,22 @@ def test_recent_rejections_are_newest_first_and_bounded() -> None:
 def test_the_dlq_count_is_end_minus_start_per_partition() -> None:
     assert count({0: 2, 1: 0}, {0: 5, 1: 1, 2: 0}) == 4
     assert count({0: 5}, {0: 5}) == 0
+
+
+def test_a_broker_that_does_not_answer_leaves_the_count_unknown_not_the_page_failing() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    async def ask() -> dict:
+        dead_letters = DeadLetterCount(
+            Connection.plain(f"127.0.0.1:{port}"), "lib-dlq", timeout_s=5, wait_s=10
+        )
+        try:
+            return await dead_letters.get()
+        finally:
+            await dead_letters.close()
+
+    answer = asyncio.run(ask())
+    assert answer["topic"] == "lib-dlq" and answer["records"] is None
+    assert answer["error"].startswith("cannot read the DLQ's offsets now")
