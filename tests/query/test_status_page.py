@@ -84,7 +84,8 @@ def test_the_status_page_shows_every_instance_and_its_tasks(cluster: Cluster, tm
     ]
     assert roles.count("active") == PARTITIONS
     assert f"{cluster.app_id}-accounts-changelog" in html  # the topology diagram
-    assert "DLQ / failed records" in html
+    assert "failed records since start" in html  # this instance's counters
+    assert '<div id="dlq"' in html and 'id="rejections"' in html and 'id="projections"' in html
 
     shot = tmp_path / "status-page.png"
     done = browse(browser, tmp_path / "profile-shot", page, f"--screenshot={shot}")

@@ -17,6 +17,7 @@ COMMANDS = {
     "kafka": "enhydra.cli.kafka:kafka",
     "new": "enhydra.cli.new:new",
     "query": "enhydra.cli.query:query",
+    "rejections": "enhydra.cli.rejections:rejections",
     "reset": "enhydra.cli.reset:reset",
     "run": "enhydra.cli.run:run",
     "send": "enhydra.cli.send:send",

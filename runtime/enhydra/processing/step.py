@@ -9,6 +9,8 @@ with its origin, a log line, or a RecordFailed that stops the worker.
 from __future__ import annotations
 
 import functools
+import time
+from collections import deque
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -22,12 +24,15 @@ from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed, fa
 from enhydra.evolution import version_headers
 from enhydra.logs import get_logger
 from enhydra.processing.cache import EntryCache
-from enhydra.processing.core import BatchResult, entry_records, process_batch
+from enhydra.processing.core import BatchResult, Rejected, entry_records, process_batch
 from enhydra.runner.batch import Out, StepOutput
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
 
 log = get_logger("enhydra.engine")
+
+# Rejections the status page shows (query/recent.py): the last few this instance published.
+RECENT_REJECTIONS = 50
 
 
 def event_outputs(
@@ -89,6 +94,9 @@ class AggregateStep:
         # it has learned the topics'). Events, rejections and entries also keep within
         # max_output_bytes; a dead letter, a copy of its command, only within this.
         self.max_record_bytes = MAX_REQUEST_SIZE
+        # (partition, when published, rejection): a ring buffer, filled once a batch is durable
+        # so a batch that is retried shows its rejections once.
+        self.recent_rejections: deque[tuple[int, float, Rejected]] = deque(maxlen=RECENT_REJECTIONS)
 
     def new_cache(self) -> EntryCache:
         return EntryCache(self.settings.state_cache_entries)
@@ -170,6 +178,14 @@ class AggregateStep:
         changed = result.changed
         if changed:
             task.cache.stage(changed)
+        rejected, recent = result.rejected, self.recent_rejections
+
+        def persisted() -> None:
+            task.cache.persisted(changed)
+            if rejected:
+                now = time.time()
+                recent.extend((task.partition, now, r) for r in rejected)
+
         return StepOutput(
             outputs=outputs,
             puts=puts,
@@ -183,7 +199,7 @@ class AggregateStep:
             interrupted=(
                 (interrupted.record.offset, interrupted.error) if interrupted is not None else None
             ),
-            persisted=lambda: task.cache.persisted(changed),
+            persisted=persisted,
         )
 
     def _dead_letters(self, partition: int, failures: list[Failure], limit: int) -> list[Out]:

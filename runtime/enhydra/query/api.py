@@ -17,6 +17,7 @@ from enhydra.query.routing import Peers
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine
     from enhydra.projections.engine import ProjectionEngine
+    from enhydra.query.dlq import DeadLetterCount
     from enhydra.settings import Settings
 
 RETRY_AFTER_S = "1"
@@ -106,6 +107,7 @@ class ApiContext:
     shutdown: Callable[[], None] | None = None
     admin_routes: Iterable[AdminRoute] = ()
     asyncapi: Callable[[], dict[str, Any]] | None = None  # the service's AsyncAPI document
+    dead_letters: DeadLetterCount | None = None  # the DLQ topic's size (None without Settings)
     forwards: Counter[str] = field(default_factory=Counter)
 
     def engine(self) -> Engine:
@@ -114,6 +116,10 @@ class ApiContext:
         if engine is None:
             raise ApiError(503, "starting", "the stream worker is starting")
         return engine
+
+    async def dlq(self) -> dict[str, Any] | None:
+        """What the DLQ topic holds now (query/dlq.py), or None when not known here."""
+        return await self.dead_letters.get() if self.dead_letters is not None else None
 
     def check_store(self, store: str) -> None:
         """Scans and counts cover the aggregate's store."""

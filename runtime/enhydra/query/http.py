@@ -22,6 +22,7 @@ from aiohttp import web
 from enhydra.failover.endpoint import STREAM_PATH, STREAM_POLICY, StreamPolicy
 from enhydra.logs import get_logger
 from enhydra.query.api import AdminRoute, ApiConfig, ApiContext, ApiError
+from enhydra.query.dlq import DeadLetterCount
 from enhydra.query.metrics import Histogram
 from enhydra.query.openapi import BadRequest, Route
 from enhydra.query.routes import admin, keys, metadata, operations, scans
@@ -80,6 +81,7 @@ def build_app(
         shutdown=shutdown,
         admin_routes=tuple(admin_routes),
         asyncapi=asyncapi,
+        dead_letters=_dead_letters(settings),
     )
     table: list[Route] = []
     table += operations.routes(ctx, lambda: table)
@@ -94,6 +96,8 @@ def build_app(
 
     async def close_peers(_app: web.Application) -> None:
         await ctx.peers.close()
+        if ctx.dead_letters is not None:
+            await ctx.dead_letters.close()
 
     app.on_startup.append(start_peers)
     app.on_cleanup.append(close_peers)
@@ -101,6 +105,13 @@ def build_app(
     # the liveness stream (failover/endpoint.py) is added to this app by the runtime
     app[STREAM_POLICY] = StreamPolicy(_stream_guard(config), config.liveness_max_streams)
     return app
+
+
+def _dead_letters(settings: Settings | None) -> DeadLetterCount | None:
+    if settings is None:
+        return None
+    exact = settings.processing_guarantee != "exactly_once"  # commit markers count there too
+    return DeadLetterCount(settings.connection, settings.dlq_topic, exact=exact)
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:

@@ -8,12 +8,15 @@ holding a copy knows: this instance reports its own, and the others' come from t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from enhydra.contracts.partitioner import partition_for
+from enhydra.query import rejections
 
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine
+    from enhydra.projections.engine import ProjectionEngine
 
 
 def local_report(engine: Engine, instance_id: str, store: str) -> dict[str, Any]:
@@ -44,8 +47,23 @@ def local_report(engine: Engine, instance_id: str, store: str) -> dict[str, Any]
             }
             for p, t in sorted(registry.tasks.items())
         },
+        "recent_rejections": rejections.recent(engine),
         **engine.stats,
     }
+
+
+def projections_report(projections: Mapping[str, ProjectionEngine]) -> dict[str, Any]:
+    """The read models hosted here: their tasks and counters, and their input lag (the events
+    on the broker they have not folded yet) per active partition and in all."""
+    report = {}
+    for name, engine in sorted(projections.items()):
+        lags = engine.input_lag()
+        report[name] = {
+            **engine.describe(),
+            "lag": sum(lags.values()),
+            "lags": {str(p): lag for p, lag in sorted(lags.items())},
+        }
+    return report
 
 
 def topology(engine: Engine) -> dict[str, Any]:
@@ -107,6 +125,8 @@ def describe_instance(
         "stuck": report.get("stuck", {}) if report else {},
         "processed": report.get("processed") if report else None,
         "rebalances": report.get("rebalances") if report else None,
+        "projections": report.get("projections", {}) if report else {},
+        "recent_rejections": report.get("recent_rejections", []) if report else [],
     }
 
 

@@ -17,16 +17,21 @@ PEER_STATS_TIMEOUT_S = 1.5
 def routes(ctx: ApiContext) -> list[Route]:
     instance_id, store_name = ctx.instance_id, ctx.store_name
 
-    async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:
+    def own_report() -> dict[str, Any]:
         report = meta.local_report(ctx.engine(), instance_id, store_name)
-        report["projections"] = {n: e.describe() for n, e in sorted(ctx.projections().items())}
+        report["projections"] = meta.projections_report(ctx.projections())
+        return report
+
+    async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:
+        report = own_report()
         report["plugins"] = ctx.plugins()
+        report["dlq"] = await ctx.dlq()
         return json_response(report)
 
     async def metadata(request: web.Request, args: dict[str, Any]) -> web.Response:
         engine = ctx.engine()
         instances = meta.group_instances(engine, instance_id)
-        reports: dict[str, Any] = {instance_id: meta.local_report(engine, instance_id, store_name)}
+        reports: dict[str, Any] = {instance_id: own_report()}
         if args["peers"]:
             timeout = aiohttp.ClientTimeout(total=PEER_STATS_TIMEOUT_S)
             calls = {
@@ -47,6 +52,7 @@ def routes(ctx: ApiContext) -> list[Route]:
                 "ready": engine.registry.ready,
                 "rebalancing": engine.registry.rebalancing,
                 "topology": meta.topology(engine),
+                "dlq": await ctx.dlq(),
                 "instances": [
                     meta.describe_instance(
                         name, info, reports.get(name), store_name, is_self=name == instance_id
@@ -66,7 +72,8 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/v1/metadata",
             metadata,
-            "every instance: URL, tags, active / standby / warm-up partitions with lags",
+            "every instance: URL, tags, active / standby / warm-up partitions with lags, "
+            "projections with lags, recent rejections; the DLQ's size",
             "metadata",
             "query",
             (
@@ -94,7 +101,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/v1/stats",
             stats,
-            "this instance's tasks and counters",
+            "this instance's tasks, counters, projections and recent rejections; the DLQ's size",
             "metadata",
             "query",
             responses=(200, 503),
