@@ -383,7 +383,10 @@ class TaskRunner:
                 await self._checkpoint.close_task(partition)
             change = registry.assign(active, extra)
             for partition in change.active:
-                await self._checkpoint.open_task(partition)
+                resume_at = await self._checkpoint.open_task(partition)
+                if resume_at is not None:  # the commit unit keeps the input position itself
+                    assert self._consumer is not None
+                    self._consumer.seek(TopicPartition(self.input_topic, partition), resume_at)
             if assigned:
                 assert self._consumer is not None
                 self._consumer.pause(*assigned)
@@ -546,7 +549,10 @@ class TaskRunner:
                 await _yield_to_io()
         if not work:
             return
-        writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
+        writes = [
+            PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset, o.rows)
+            for t, o, _ in work
+        ]
         stores = {task.partition: task.store for task, _, _ in work}
         flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
         self._last_flight = flight
