@@ -68,3 +68,18 @@ def test_database_settings_never_show_the_password(tmp_path) -> None:
         )
     with pytest.raises(DatabaseConfigError, match="expected postgresql://"):
         DatabaseSettings("mysql://app:s3cret@db/x")
+
+
+def test_the_host_runs_a_sql_projection_on_its_own_engine(monkeypatch, tmp_path) -> None:
+    from enhydra.projections.host import engine_for
+    from enhydra.settings import Settings
+    from enhydra.sql.engine import SqlProjectionEngine
+
+    monkeypatch.setenv("ENHYDRA_DATABASE_URL", "postgresql://app:s3cret@db:5432/reads")
+    settings = Settings.from_env({"ENHYDRA_APP_ID": "a", "ENHYDRA_STATE_DIR": str(tmp_path)})
+    projection = SqlProjection("balances", lambda k, e: [], (ACCOUNTS,))
+    engine = engine_for(settings, projection, "a-events")
+    assert isinstance(engine, SqlProjectionEngine)
+    described = engine.describe()
+    assert described["kind"] == "sql" and described["waiting"] is None
+    assert described["database"] == "postgresql://app:***@db:5432/reads"

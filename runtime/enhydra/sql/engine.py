@@ -15,6 +15,7 @@ import orjson
 
 from enhydra.aggregate import Aggregate
 from enhydra.contracts.headers import EVENT_VERSION_HEADER, header
+from enhydra.contracts.partitioner import partition_for
 from enhydra.evolution import is_unversioned, reader, refuse
 from enhydra.kafka.topics import TopicSpec
 from enhydra.runner.batch import StepOutput
@@ -134,6 +135,11 @@ class SqlProjectionEngine(TaskRunner):
             method=self.method,
         )
         return self.sql
+
+    def read(self, key: str) -> tuple[str, int, Any]:
+        """Key lookups over HTTP serve RocksDB projections only: this one lives in PostgreSQL
+        (query its tables there). Answered as unavailable, never as a missing key."""
+        return "unavailable", partition_for(key.encode("utf-8"), self.settings.partitions), None
 
     def describe(self) -> dict[str, object]:
         sql = self.sql
