@@ -28,7 +28,13 @@ from bench.common import load_average, machine, median, progress
 from enhydra.sql import SqlProjection, Table, Upsert
 from enhydra.sql.config import DatabaseConfigError, DatabaseSettings
 from enhydra.sql.rows import plan
-from enhydra.sql.writer import ensure_schema, load_positions, move_positions, write_plan
+from enhydra.sql.writer import (
+    ensure_schema,
+    load_positions,
+    move_positions,
+    prepare_stages,
+    write_plan,
+)
 
 DDL = "CREATE TABLE {table} (id text PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)"
 
@@ -55,20 +61,21 @@ async def run(db: DatabaseSettings, ops: list[Upsert], batch: int, repeat: int) 
     tables = projection.by_name
     batches = [ops[i : i + batch] for i in range(0, len(ops), batch)]
     results: dict[str, list[float]] = {"raw copy": [], "copy": [], "executemany": []}
-    async with await psycopg.AsyncConnection.connect(db.conninfo()) as conn:
+    connect = psycopg.AsyncConnection.connect(db.conninfo(), autocommit=True)  # as the pool's
+    async with await connect as conn:
         await ensure_schema(conn, projection)
         await conn.execute("CREATE TABLE IF NOT EXISTS raw_accounts (LIKE accounts)")
-        await conn.commit()
         for round_ in range(repeat):
             for variant in results:
                 await conn.execute("TRUNCATE accounts, raw_accounts")
                 await conn.execute("DELETE FROM enhydra_sql_positions")
-                await conn.commit()
                 start = await load_positions(conn, "bench", "events", [0])
                 rows = 0
                 began = time.perf_counter()
                 for n, chunk in enumerate(batches):
                     the_plan = plan(chunk, tables)
+                    if variant != "raw copy":
+                        await prepare_stages(conn, the_plan)
                     async with conn.transaction():
                         if variant == "raw copy":
                             async with conn.cursor().copy(
@@ -81,7 +88,7 @@ async def run(db: DatabaseSettings, ops: list[Upsert], batch: int, repeat: int) 
                                             (full["id"], full.get("owner", ""), full["balance"])
                                         )
                         else:
-                            await write_plan(conn, the_plan, tables, variant)
+                            await write_plan(conn, the_plan, tables, variant, prepared=True)
                             await move_positions(
                                 conn, "bench", "events", {0: (start[0] + n, start[0] + n + 1)}
                             )

@@ -98,7 +98,9 @@ class SqlCommit:
             db.conninfo,  # called per connection: a rotated password file is read again
             min_size=db.pool_min,
             max_size=db.pool_max,
-            kwargs={"connect_timeout": max(1, round(db.connect_timeout_s))},
+            # autocommit: transactions are explicit (conn.transaction()), and the stage tables
+            # are created outside them (writer.prepare_stages)
+            kwargs={"connect_timeout": max(1, round(db.connect_timeout_s)), "autocommit": True},
             open=False,
             name=f"enhydra-{self.projection.name}",
         )
@@ -272,11 +274,11 @@ class _Attempt:
         if self.tried and await self._committed(conn):
             return
         self.tried = True
-        ops = [op for _, e in self.events for op in e.ops]
+        the_plan = plan([op for _, e in self.events for op in e.ops], unit.tables)
+        await writer.prepare_stages(conn, the_plan)
         try:
             async with conn.transaction():
-                the_plan = plan(ops, unit.tables)
-                await writer.write_plan(conn, the_plan, unit.tables, unit.method)
+                await writer.write_plan(conn, the_plan, unit.tables, unit.method, prepared=True)
                 await writer.move_positions(conn, name, topic, self.moves)
             unit.stats["rows"] += the_plan.rows
             unit.stats["transactions"] += 1

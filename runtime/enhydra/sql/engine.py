@@ -64,7 +64,8 @@ class SqlStep:
             elif not is_unversioned(version):
                 raise refuse(event, version)
             try:
-                ops = projection.check(projection.project(record.key.decode(), event))
+                key = record.key.decode("utf-8", "replace")
+                ops = projection.check(projection.project(key, event))
             except self.transient as exc:
                 if record.offset in give_up:
                     raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
@@ -162,6 +163,29 @@ def _stage_name(table: str, columns: tuple[str, ...]) -> str:
     return f"_enhydra_stage_{digest}"
 
 
+def _create_stage(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(map(_q, columns))
+    return (
+        f"CREATE TEMP TABLE IF NOT EXISTS {_stage_name(table, columns)} ON COMMIT DELETE ROWS "
+        f"AS SELECT {names} FROM {_q(table)} WITH NO DATA"
+    )
+
+
+# The stage tables each pooled connection has (a temporary table lives as long as its session).
+_stages: WeakKeyDictionary[AsyncConnection, set[str]] = WeakKeyDictionary()
+
+
+async def prepare_stages(conn: AsyncConnection, plan: Plan) -> None:
+    """Create the plan's stage tables a connection lacks, outside the batch's transaction (on
+    an autocommit connection): a batch then needs one statement less per shape."""
+    known = _stages.setdefault(conn, set())
+    for name, columns, _ in plan.upserts:
+        stage = _stage_name(name, columns)
+        if stage not in known:
+            await conn.execute(_create_stage(name, columns))
+            known.add(stage)
+
+
 async def write_plan(
     conn: AsyncConnection,
     plan: Plan,
@@ -169,12 +193,13 @@ async def write_plan(
     method: str = "copy",
     *,
     clear: bool = False,
+    prepared: bool = False,
 ) -> None:
     """Run the plan's deletes, then its upserts, inside the caller's transaction.
 
     Upserts go through a temporary stage table per shape (emptied at commit, or at once with
     `clear` when the transaction writes several plans), filled by COPY or by a pipelined
-    executemany, then merged (merge_sql).
+    executemany, then merged (merge_sql). `prepared`: prepare_stages created them already.
     """
     async with conn.cursor() as cur:
         for name, keys in plan.deletes.items():
@@ -189,10 +214,8 @@ async def write_plan(
             values = [tuple(map(_value, row)) for row in rows]
             stage = _stage_name(name, columns)
             names = ", ".join(map(_q, columns))
-            await cur.execute(
-                f"CREATE TEMP TABLE IF NOT EXISTS {stage} ON COMMIT DELETE ROWS AS "
-                f"SELECT {names} FROM {_q(name)} WITH NO DATA"
-            )
+            if not prepared:
+                await cur.execute(_create_stage(name, columns))
             if method == "executemany":
                 marks = ", ".join(["%s"] * len(columns))
                 await cur.executemany(f"INSERT INTO {stage} ({names}) VALUES ({marks})", values)
