@@ -29,7 +29,7 @@ from tests.sql.accounts import PROJECTION, history, model, produce
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def env_for(bootstrap: str, app_id: str, state: Path, **extra: str) -> dict[str, str]:
@@ -149,7 +149,6 @@ async def test_a_refused_row_goes_to_the_dlq_and_the_projection_goes_on(
         assert headers["enhydra.dlq.topic"] == topic.encode()
 
 
-@pytest.mark.slow
 async def test_the_database_down_pauses_the_projection_and_loses_nothing(
     kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings, postgres
 ) -> None:
@@ -180,7 +179,6 @@ async def test_the_database_down_pauses_the_projection_and_loses_nothing(
     assert await table(database) == model(before + during)
 
 
-@pytest.mark.slow
 async def test_kill_9_mid_transaction_leaves_every_row_equal_to_the_fold(
     kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
 ) -> None:

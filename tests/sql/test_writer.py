@@ -21,6 +21,8 @@ from enhydra.sql.writer import (
 )
 from tests.sql.accounts import ACCOUNTS, PROJECTION
 
+pytestmark = pytest.mark.integration  # a real PostgreSQL server
+
 
 async def connect(db: DatabaseSettings):
     import psycopg
