@@ -148,6 +148,9 @@ class Progress:
     drained_s: float | None = None  # all partitions committed to the end
     lag: dict[int, int] = field(default_factory=dict)  # at the end of the watch
 
+    def all_resumed(self) -> bool:
+        return bool(self.resumed_s) and all(s is not None for s in self.resumed_s.values())
+
     def ok(self, resume_within: float) -> bool:
         return self.drained_s is not None and all(
             s is not None and s <= resume_within for s in self.resumed_s.values()
@@ -203,13 +206,15 @@ async def watch_progress(
     resume_within: float = 10.0,
     drain_within: float = 60.0,
     stream_done: Callable[[], bool] = lambda: True,
+    progress: Progress | None = None,
 ) -> Progress:
     """Watch from now (the fault just healed): when each partition resumes, when all drain.
 
-    Draining counts only once `stream_done()` says no more commands are coming.
+    Draining counts only once `stream_done()` says no more commands are coming. `progress`
+    (filled in as the watch goes) lets the caller see partitions resume before it ends.
     """
     started = time.monotonic()
-    progress = Progress()
+    progress = progress if progress is not None else Progress()
     at_heal = await group_positions(conn, group, topic)
     while True:
         elapsed = time.monotonic() - started
