@@ -29,7 +29,7 @@ from ledger.workload import generate, model
 TARGET = "ledger.service:service"
 STORE = "accounts"
 RESUME_WITHIN = 10.0  # s after the fault heals: every partition commits again
-DRAIN_WITHIN = 60.0  # s after the stream stops: the group has committed everything
+DRAIN_WITHIN = 30.0  # s after the stream stops: the group has committed everything
 RATE = 100  # commands per second: steady load two shared cores keep up with
 TICK = 0.1
 
