@@ -22,9 +22,17 @@ from aiokafka import TopicPartition
 from enhydra.kafka.clients import as_connection, open_consumer, open_producer
 from enhydra.kafka.reading import partitions_of
 from enhydra.testing.faults import ProxiedKafka
-from enhydra.testing.invariants import Progress, Verdict, check_service, watch_progress
+from enhydra.testing.invariants import (
+    Progress,
+    StateDiff,
+    Verdict,
+    check_service,
+    compare_state,
+    watch_progress,
+)
 from enhydra.testing.processes import ServiceProcess, service_env
 from ledger.workload import generate, model
+from tests.integration.ledger_support import read_accounts
 
 TARGET = "ledger.service:service"
 STORE = "accounts"
@@ -105,6 +113,25 @@ async def leaders(bootstrap: str, topic: str) -> dict[int, int]:
         return {p: cluster.leader_for_partition(TopicPartition(topic, p)) for p in found}
 
 
+def restore_in_a_fresh_instance(s: Scenario, expected: dict) -> StateDiff:
+    """Stop every instance, start one with an empty state dir, read every account through it."""
+    s.stop_instances()
+    env = service_env(
+        app_id=s.app_id,
+        bootstrap=s.kafka.bootstrap,
+        instance_id="fresh",
+        state_dir=s.tmp_path / "state-fresh",
+        extra={
+            "ENHYDRA_PROCESSING_GUARANTEE": s.guarantee,
+            "ENHYDRA_REPLICATION_FACTOR": str(min(3, len(s.kafka.cluster.nodes()))),
+        },
+    )
+    fresh = ServiceProcess(TARGET, env, s.tmp_path / "fresh.log").start()
+    s.instances.append(fresh)
+    fresh.wait_ready(timeout=90)
+    return compare_state(read_accounts([fresh], sorted(expected)), expected)
+
+
 Fault = Callable[[Scenario], Awaitable[None]]
 
 
@@ -139,8 +166,13 @@ def run(
     warmup_s: float = 3.0,
     after_s: float = 2.0,
     accounts: int = 300,
+    fresh_instance: bool = False,
 ) -> Verdict:
-    """Run one scenario; the verdict of every invariant (the caller asserts on it)."""
+    """Run one scenario; the verdict of every invariant (the caller asserts on it).
+
+    `fresh_instance`: also stop both instances and start a new one with an empty state dir,
+    which restores everything from the changelog; what it serves must equal the model too.
+    """
     budget = warmup_s + fault_s + after_s + DRAIN_WITHIN
     commands = generate(accounts, int(RATE * budget) + accounts, seed=5)
     group, topic = s.app_id, f"{s.app_id}-commands"
@@ -199,6 +231,14 @@ def run(
     )  # fmt: skip
     verdict.notes.extend(s.notes)
     verdict.notes.extend(f"{p.instance_id} tasks at the end: {roles(p)}" for p in s.instances)
+    if fresh_instance:
+        diff = restore_in_a_fresh_instance(s, expected)
+        verdict.notes.append(f"fresh instance: {diff.matching}/{diff.expected} accounts match")
+        if not diff.ok:
+            verdict.failures.append(
+                f"a fresh instance restored {diff.matching}/{diff.expected} accounts of the "
+                f"model, e.g. {diff.differing[:3]} missing {diff.missing[:3]}"
+            )
     verdict.failures.extend(s.failures)
     if dead:
         verdict.failures.append(f"instances exited: {dead}")

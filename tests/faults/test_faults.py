@@ -90,7 +90,7 @@ def test_sigstop_longer_than_the_session_timeout_moves_tasks_and_it_comes_back(s
         finally:
             suspend(victim, False)
 
-    run(scenario, fault, fault_s=40).assert_holds()
+    run(scenario, fault, fault_s=40, fresh_instance=True).assert_holds()
 
 
 def test_an_instance_cut_off_from_every_broker_for_45s(scenario):
@@ -178,4 +178,4 @@ def test_a_broker_killed_while_commands_flow_moves_leaders(cluster_scenario):
         await asyncio.sleep(3)
         await asyncio.to_thread(s.kafka.cluster.node(node).start, 90)
 
-    run(cluster_scenario, fault, fault_s=30).assert_holds()
+    run(cluster_scenario, fault, fault_s=30, fresh_instance=True).assert_holds()
