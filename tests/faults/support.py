@@ -231,6 +231,11 @@ def run(
     )  # fmt: skip
     verdict.notes.extend(s.notes)
     verdict.notes.extend(f"{p.instance_id} tasks at the end: {roles(p)}" for p in s.instances)
+    if dead:
+        verdict.failures.append(f"instances exited: {dead}")
+    missing = sorted({p.instance_id for p in s.instances} - set(answering) - set(dead))
+    if missing:
+        verdict.failures.append(f"instances alive but not answering /v1/stats: {missing}")
     if fresh_instance:
         diff = restore_in_a_fresh_instance(s, expected)
         verdict.notes.append(f"fresh instance: {diff.matching}/{diff.expected} accounts match")
@@ -240,10 +245,5 @@ def run(
                 f"model, e.g. {diff.differing[:3]} missing {diff.missing[:3]}"
             )
     verdict.failures.extend(s.failures)
-    if dead:
-        verdict.failures.append(f"instances exited: {dead}")
-    missing = sorted({p.instance_id for p in s.instances} - set(answering) - set(dead))
-    if missing:
-        verdict.failures.append(f"instances alive but not answering /v1/stats: {missing}")
     print(f"\n--- {s.app_id} ({s.guarantee})\n{verdict.summary()}")
     return verdict
