@@ -178,4 +178,4 @@ def test_a_broker_killed_while_commands_flow_moves_leaders(cluster_scenario):
         await asyncio.sleep(3)
         await asyncio.to_thread(s.kafka.cluster.node(node).start, 90)
 
-    run(cluster_scenario, fault, fault_s=30, fresh_instance=True).assert_holds()
+    run(cluster_scenario, fault, fault_s=30).assert_holds()

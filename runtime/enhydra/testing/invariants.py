@@ -226,6 +226,9 @@ async def watch_progress(
             return progress
         if elapsed > max(resume_within, drain_within):
             return progress
+        stuck = [p for p, s in progress.resumed_s.items() if s is None]
+        if stuck and elapsed > 2 * resume_within:
+            return progress  # a partition that has not moved for twice the bound is stuck
         await asyncio.sleep(0.5)
 
 
