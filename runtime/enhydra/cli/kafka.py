@@ -83,7 +83,8 @@ def _start_cluster(brokers: int, data_dir: Path | None, port: int | None, timeou
         bootstrap = cluster.start(timeout=timeout)
     except (BrokerError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _note(f"the cluster is ready; stop it with: enhydra kafka stop --brokers {brokers}")
+    where = f" --data-dir {data_dir}" if data_dir is not None else ""
+    _note(f"the cluster is ready; stop it with: enhydra kafka stop --brokers {brokers}{where}")
     click.echo(f"bootstrap={bootstrap}")
 
 
