@@ -236,6 +236,10 @@ def run(
     missing = sorted({p.instance_id for p in s.instances} - set(answering) - set(dead))
     if missing:
         verdict.failures.append(f"instances alive but not answering /v1/stats: {missing}")
+    for proc in s.instances:
+        if proc.instance_id in dead or proc.instance_id in missing:
+            tail = "\n  ".join(line[:300] for line in proc.log_tail(12).splitlines())
+            verdict.failures.append(f"{proc.instance_id}'s log ends with:\n  {tail}")
     if fresh_instance:
         diff = restore_in_a_fresh_instance(s, expected)
         verdict.notes.append(f"fresh instance: {diff.matching}/{diff.expected} accounts match")
