@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 setup: $(STAMP) $(ASYNCAPI_STAMP)
 	@$(VENV)/bin/enhydra kafka fetch
 	@$(PY) -m enhydra.spark.jars >/dev/null
+	@# Toxiproxy for tests/faults, built with go once into ~/.cache/enhydra (skipped when there).
+	@$(PY) -m enhydra.devtools.toxiproxy >/dev/null || echo "enhydra: tests/faults need Toxiproxy (see above)"
 
 $(STAMP): pyproject.toml examples/ledger/pyproject.toml
 	@command -v java >/dev/null || { echo "java is missing: apt-get install openjdk-17-jre-headless"; exit 1; }

@@ -508,3 +508,50 @@ def test_broker_that_never_answers_times_out_and_is_stopped(fake_jvm: Path, tmp_
     assert time.monotonic() - started < 15
     assert broker.status() is None
     assert not (broker.data_dir / PID_FILE).exists()
+
+
+def test_lanes_listen_locally_and_advertise_their_proxy(tmp_path: Path) -> None:
+    props = broker_properties(tmp_path, 9092, 9093, lanes={"i1": (7001, 8001), "i2": (7002, 8002)})
+    assert props["listeners"].split(",") == [
+        "PLAINTEXT://127.0.0.1:9092",
+        "I1://127.0.0.1:7001",
+        "I2://127.0.0.1:7002",
+        "CONTROLLER://127.0.0.1:9093",
+    ]
+    assert props["advertised.listeners"].split(",") == [
+        "PLAINTEXT://127.0.0.1:9092",
+        "I1://127.0.0.1:8001",
+        "I2://127.0.0.1:8002",
+    ]
+    assert "I1:PLAINTEXT" in props["listener.security.protocol.map"].split(",")
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"  # brokers never use a proxy
+
+
+def test_a_cluster_records_its_ports_once_and_its_nodes_share_the_quorum(tmp_path: Path) -> None:
+    from enhydra.devtools.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path, 3, lanes=("i1",))
+    node = cluster.node(2)
+    again = LocalCluster(tmp_path, 3, lanes=("i1",)).node(2)
+    assert (node.port, node.controller_port, node.lanes) == (
+        again.port,
+        again.controller_port,
+        again.lanes,
+    )
+    assert node.node_id == 2 and node.voters is not None and node.voters.count("@") == 3
+    assert node.overrides["default.replication.factor"] == "3"
+    assert node.overrides["min.insync.replicas"] == "2"
+    assert len(cluster.lane_bootstrap("i1").split(",")) == 3
+    with pytest.raises(BrokerError, match="holds a cluster of 3 brokers"):
+        LocalCluster(tmp_path, 2).layout()
+
+
+def test_cli_cluster_options_fail_in_one_line(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "c")]
+    result = CliRunner().invoke(kafka, ["start", "--brokers", "3", "--port", "9092", *data])
+    assert result.exit_code == 2 and "a cluster chooses free ports" in result.output
+    result = CliRunner().invoke(kafka, ["start", "--brokers", "12", *data])
+    assert result.exit_code == 2 and "--brokers" in result.output
+    result = CliRunner().invoke(kafka, ["status", "--brokers", "3", *data])
+    assert result.exit_code == 1 and "no node running" in result.output
+    assert not (tmp_path / "c" / "cluster.json").exists()  # asking created nothing

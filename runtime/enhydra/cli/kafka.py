@@ -29,6 +29,7 @@ from enhydra.devtools.broker import (
     read_state,
 )
 from enhydra.devtools.broker_security import ADMIN_USER
+from enhydra.devtools.cluster import MAX_BROKERS, LocalCluster, default_cluster_dir
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -67,6 +68,32 @@ def _data_dir_option(func: F) -> F:
     )(func)
 
 
+def _brokers_option(func: F) -> F:
+    return click.option(
+        "--brokers",
+        type=click.IntRange(1, MAX_BROKERS),
+        default=1,
+        show_default=True,
+        help="Nodes: 1 is the single dev broker; more is a local KRaft cluster (replication "
+        "factor 3, min.insync.replicas 2) in ~/.cache/enhydra/cluster unless --data-dir.",
+    )(func)
+
+
+def _start_cluster(brokers: int, data_dir: Path | None, port: int | None, timeout: float) -> None:
+    if port is not None:
+        raise click.UsageError("--port picks one broker's port; a cluster chooses free ports")
+    cluster = LocalCluster(data_dir or default_cluster_dir(), brokers)
+    _note(f"starting {brokers} Apache Kafka {KAFKA_VERSION} nodes (data in {cluster.data_dir})")
+    try:
+        kafka_classpath(report=_MavenStatus())
+        bootstrap = cluster.start(timeout=timeout)
+    except (BrokerError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    where = f" --data-dir {data_dir}" if data_dir is not None else ""
+    _note(f"the cluster is ready; stop it with: enhydra kafka stop --brokers {brokers}{where}")
+    click.echo(f"bootstrap={bootstrap}")
+
+
 @click.group("kafka")
 def kafka() -> None:
     """Run a local single-node Apache Kafka broker (KRaft) for development and tests.
@@ -101,6 +128,7 @@ def kafka() -> None:
     "TLS) or ssl (mutual TLS with a client certificate).",
 )
 @click.option("--env", "as_env", is_flag=True, help="Print the settings as ENHYDRA_*= lines.")
+@_brokers_option
 @click.pass_context
 def start(
     ctx: click.Context,
@@ -109,6 +137,7 @@ def start(
     timeout: float,
     security: str | None,
     as_env: bool,
+    brokers: int,
 ) -> None:
     """Start the broker (or reuse the one already running) and print `bootstrap=HOST:PORT`.
 
@@ -122,7 +151,13 @@ def start(
       enhydra kafka start --port 19092
       enhydra kafka start --security sasl_ssl
       eval "$(enhydra kafka start --security ssl --env)"
+      enhydra kafka start --brokers 3
     """
+    if brokers > 1:
+        if security is not None or as_env:
+            raise click.UsageError("--security and --env are for the single broker (--brokers 1)")
+        _start_cluster(brokers, data_dir, port, timeout)
+        return
     broker = LocalBroker(data_dir, port, secured=security is not None)
     explicit_dir = ctx.get_parameter_source("data_dir") is not ParameterSource.DEFAULT
     if security is None and broker.status() is None:
@@ -265,13 +300,23 @@ def client_settings(info: BrokerInfo, security: str | None) -> dict[str, str]:
     show_default=True,
     help="Seconds to wait for a clean shutdown before killing the broker.",
 )
-def stop(data_dir: Path | None, timeout: float) -> None:
+@_brokers_option
+def stop(data_dir: Path | None, timeout: float, brokers: int) -> None:
     """Stop the broker recorded in the data dir (its data is kept).
 
     \b
     Example:
       enhydra kafka stop --timeout 10
+      enhydra kafka stop --brokers 3
     """
+    if brokers > 1:
+        cluster = LocalCluster(data_dir or default_cluster_dir(), brokers)
+        try:
+            stopped = cluster.stop(timeout=timeout)
+        except (BrokerError, OSError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        _note(f"stopped nodes {stopped}" if stopped else f"no node running in {cluster.data_dir}")
+        return
     broker = LocalBroker(data_dir)
     try:
         running = broker.status()
@@ -286,14 +331,27 @@ def stop(data_dir: Path | None, timeout: float) -> None:
 
 @kafka.command("status")
 @_data_dir_option
+@_brokers_option
 @click.pass_context
-def status(ctx: click.Context, data_dir: Path | None) -> None:
+def status(ctx: click.Context, data_dir: Path | None, brokers: int) -> None:
     """Print `bootstrap=...` and `pid=...` of the running broker; exit 1 if none is running.
 
     \b
     Example:
       enhydra kafka status | grep bootstrap= | cut -d= -f2
     """
+    if brokers > 1:
+        cluster = LocalCluster(data_dir or default_cluster_dir(), brokers)
+        try:
+            running = cluster.running()
+        except (BrokerError, OSError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        if not running:
+            _note(f"no node running in {cluster.data_dir}")
+            ctx.exit(1)
+        click.echo(f"bootstrap={cluster.bootstrap}")
+        click.echo(f"running={','.join(map(str, running))}")
+        return
     broker = LocalBroker(data_dir)
     info = broker.status()
     if info is None:

@@ -428,22 +428,36 @@ def broker_properties(
     overrides: Mapping[str, str] | None = None,
     *,
     secured_ports: tuple[int, int] | None = None,
+    lanes: Mapping[str, tuple[int, int]] | None = None,
+    node_id: int = NODE_ID,
+    voters: str | None = None,
 ) -> dict[str, str]:
     """server.properties for one node acting as broker and controller on 127.0.0.1.
 
     `secured_ports` (sasl_ssl, ssl) adds the secured listeners of devtools/broker_security.py.
+    `lanes` adds PLAINTEXT listeners NAME -> (port, advertised port): a client that reaches
+    the node through a proxy on the advertised port is told to keep using proxies, so a fault
+    test can cut one client off (one lane per client) while others talk to the node directly.
+    `voters` is the controller quorum of a cluster (default: this node alone).
     """
     listeners = [f"PLAINTEXT://{HOST}:{port}"]
+    advertised = list(listeners)
     protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
     if secured_ports is not None:
         listeners += [f"SASL_SSL://{HOST}:{secured_ports[0]}", f"SSL://{HOST}:{secured_ports[1]}"]
+        advertised = list(listeners)
         protocols += ["SASL_SSL:SASL_SSL", "SSL:SSL"]
+    for name, (lane_port, advertised_port) in (lanes or {}).items():
+        lane = _escape_key(name.upper())
+        listeners.append(f"{lane}://{HOST}:{lane_port}")
+        advertised.append(f"{lane}://{HOST}:{advertised_port}")
+        protocols.append(f"{lane}:PLAINTEXT")
     props = {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@{HOST}:{controller_port}",
         "listeners": ",".join([*listeners, f"CONTROLLER://{HOST}:{controller_port}"]),
-        "advertised.listeners": ",".join(listeners),
+        "advertised.listeners": ",".join(advertised),
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": ",".join(protocols),
         "inter.broker.listener.name": "PLAINTEXT",
@@ -703,11 +717,20 @@ class LocalBroker:
         *,
         overrides: dict[str, str] | None = None,
         secured: bool = False,
+        lanes: Mapping[str, tuple[int, int]] | None = None,
+        node_id: int = NODE_ID,
+        controller_port: int | None = None,
+        voters: str | None = None,
+        cluster_id: str | None = None,
+        heap: str = "512m",
     ) -> None:
         """`port=None`: the port this data dir used last, else 9092; `port=0`: any free port
         (the previous one if still free, so restarts keep their bootstrap address).
 
         `secured`: also open the SASL_SSL and mutual-TLS listeners (devtools/broker_security.py).
+        `lanes`: extra listeners advertised at proxies (see `broker_properties`). `node_id`,
+        `controller_port`, `voters` and `cluster_id` make the node one of a cluster
+        (devtools/cluster.py); `heap` is the JVM's -Xmx.
         """
         self.data_dir = (
             Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
@@ -717,6 +740,12 @@ class LocalBroker:
         self.port = port
         self.overrides = dict(overrides or {})
         self.secured = secured
+        self.lanes = dict(lanes or {})
+        self.node_id = node_id
+        self.controller_port = controller_port
+        self.voters = voters
+        self.cluster_id = cluster_id
+        self.heap = heap
 
     @property
     def properties_path(self) -> Path:
@@ -819,7 +848,9 @@ class LocalBroker:
                 f"{HOST}:{port} is already in use by another process; stop it or choose "
                 "another port (--port N, or --port 0 for any free port)"
             )
-        if (
+        if self.controller_port is not None:
+            controller_port = self.controller_port
+        elif (
             previous is not None
             and previous.controller_port != port
             and _port_free(previous.controller_port)
@@ -840,7 +871,12 @@ class LocalBroker:
         """Write config files and format storage once; existing data is kept across restarts."""
         meta = self.data_dir / LOG_DIRS / "meta.properties"
         formatted_id = _read_meta_cluster_id(meta)
-        cluster_id = formatted_id or (previous.cluster_id if previous else None) or new_cluster_id()
+        cluster_id = (
+            formatted_id
+            or self.cluster_id
+            or (previous.cluster_id if previous else None)
+            or new_cluster_id()
+        )
         scram_users = formatted_id is None or bool(previous and previous.scram_users)
         state = BrokerState(
             port=port, controller_port=controller_port, cluster_id=cluster_id,
@@ -859,8 +895,9 @@ class LocalBroker:
             secured_ports = self._secured_ports(previous, {port, controller_port})
             state.sasl_ssl_port, state.ssl_port = secured_ports
         props = broker_properties(
-            self.data_dir, port, controller_port, self.overrides, secured_ports=secured_ports
-        )
+            self.data_dir, port, controller_port, self.overrides, secured_ports=secured_ports,
+            lanes=self.lanes, node_id=self.node_id, voters=self.voters,
+        )  # fmt: skip
         header = f"Generated by enhydra for Apache Kafka {KAFKA_VERSION}; rewritten on each start."
         _write_atomic(self.properties_path, render_properties(props, header))
         _write_atomic(
@@ -906,7 +943,7 @@ class LocalBroker:
         are close-on-exec), so callers capturing our output never wait for the broker.
         """
         argv = [
-            java, "-Xmx512m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            java, f"-Xmx{self.heap}", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
             f"-XX:ErrorFile={self.data_dir / 'hs_err_pid%p.log'}",
             f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_FILE}",
             # Log4j's own shutdown hook would otherwise stop logging halfway through Kafka's.
@@ -982,8 +1019,22 @@ class LocalBroker:
             self._forget_pid()
             return True
 
-    def _terminate(self, pid: int, timeout: float) -> None:
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+    def kill(self) -> bool:
+        """SIGKILL the recorded broker at once: a crash, nothing flushed (its data is kept)."""
+        if not self.data_dir.is_dir():
+            return False
+        with _file_lock(self.data_dir / ".lock"):
+            info = self.status()
+            if info is None:
+                self._forget_pid()
+                return False
+            self._terminate(info.pid, 0.0, first=signal.SIGKILL)
+            self._forget_pid()
+            return True
+
+    def _terminate(self, pid: int, timeout: float, first: int = signal.SIGTERM) -> None:
+        steps = ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0))
+        for sig, wait in steps if first == signal.SIGTERM else steps[1:]:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:

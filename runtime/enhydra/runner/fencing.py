@@ -19,7 +19,7 @@ carries the epoch of the owner that wrote it (contracts/headers.py), and:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,24 +43,30 @@ class Admitted:
     skipped: int  # records of an older owner that landed after a newer owner's
 
 
-def admit(records: Iterable[Any], highest: int) -> Admitted:
-    """The records (in offset order) to apply to a copy that applied up to epoch `highest`.
+def admitted(records: Iterable[Any], highest: int = -1) -> Iterator[tuple[Any, int]]:
+    """(record, the highest epoch so far) for each record (in offset order of one partition)
+    that a copy which applied up to epoch `highest` applies; the others are skipped.
 
     A record without an epoch claims none (exactly-once, or written before epochs): applied.
     """
-    puts: list[tuple[bytes, bytes | None]] = []
-    last = None
-    skipped = 0
     for record in records:
         epoch = record_epoch(record.headers)
         if epoch is not None:
             if epoch < highest:
-                skipped += 1
                 continue
             highest = epoch
+        yield record, highest
+
+
+def admit(records: Iterable[Any], highest: int) -> Admitted:
+    """What a copy that applied up to epoch `highest` applies of `records` (in offset order)."""
+    records = list(records)
+    puts: list[tuple[bytes, bytes | None]] = []
+    last = None
+    for record, running in admitted(records, highest):
         puts.append((record.key, record.value))
-        last = record.offset
-    return Admitted(puts, last, highest, skipped)
+        last, highest = record.offset, running
+    return Admitted(puts, last, highest, len(records) - len(puts))
 
 
 def gaps(expected: int, batches: Sequence[Range]) -> tuple[list[Range], int]:

@@ -82,6 +82,34 @@ def secured_kafka(request: pytest.FixtureRequest) -> SecuredKafka:
     return secured_connections(request.getfixturevalue("_local_broker"))
 
 
+def _proxied(tmp_path_factory: pytest.TempPathFactory, brokers: int) -> Iterator[object]:
+    from enhydra.testing.faults import ProxiedKafka
+
+    kafka = ProxiedKafka(tmp_path_factory.mktemp(f"faults-{brokers}"), brokers)
+    kafka.start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One broker reached through Toxiproxy, one lane per instance ("i1", "i2"): fault tests.
+
+    A testing.faults.ProxiedKafka; started only by the tests that ask for it (it builds
+    Toxiproxy with `go` the first time, unless `make setup` did).
+    """
+    yield from _proxied(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A 3-node KRaft cluster (replication factor 3, min.insync.replicas 2) behind Toxiproxy,
+    lanes "i1" and "i2"; `.cluster.node(n)` stops, kills and restarts node n."""
+    yield from _proxied(tmp_path_factory, 3)
+
+
 @pytest.fixture
 def app_id(request: pytest.FixtureRequest) -> str:
     """An application id no other test uses, so topics and groups never collide."""
