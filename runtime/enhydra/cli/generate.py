@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from jinja2 import Environment, StrictUndefined
 
+from enhydra.cli.extras import require_dev_tools
 from enhydra.scaffold import scaffold_root, service_template
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -87,6 +87,8 @@ def _class_name(name: str) -> str:
 
 def render(kind: str, project: Project, name: str) -> list[Path]:
     """Render generators/<kind>/ into the project; refuse to overwrite anything."""
+    from jinja2 import Environment, StrictUndefined
+
     source = scaffold_root() / "generators" / kind
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True)
     env.filters["class_name"] = _class_name
@@ -237,6 +239,7 @@ def generate(kind: str, name: str, project: Path) -> None:
       enhydra generate handler restock
       enhydra generate projection daily_totals --project ~/src/billing
     """
+    require_dev_tools("generate")
     found = find_project(project.resolve())
     for path in KINDS[kind](found, check_name(name)):
         click.echo(f"wrote {path.relative_to(found.root)}")

@@ -19,12 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from cookiecutter.config import get_user_config
-from cookiecutter.exceptions import CookiecutterException, FailedHookException
-from cookiecutter.generate import generate_context
-from cookiecutter.main import cookiecutter
-from cookiecutter.prompt import prompt_for_config
 
+from enhydra.cli.extras import require_dev_tools
 from enhydra.scaffold import service_template
 
 
@@ -80,6 +76,10 @@ def _importable(folder: Path) -> Iterator[None]:
 
 def settle(template: Path, extra: dict[str, str], no_input: bool) -> dict[str, Any]:
     """Every answer, from KEY=VALUE, the user's cookiecutter defaults and the prompts."""
+    from cookiecutter.config import get_user_config
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
     with _importable(template):
         context = generate_context(
             context_file=str(template / "cookiecutter.json"),
@@ -134,6 +134,10 @@ def new(no_input: bool, output_dir: Path, overwrite: bool, context: tuple[str, .
       enhydra new --no-input project_name=Billing aggregate=invoices key_field=invoice \\
         command_types='issue, pay, cancel'
     """
+    require_dev_tools("new")
+    from cookiecutter.exceptions import CookiecutterException, FailedHookException
+    from cookiecutter.main import cookiecutter
+
     template = service_template()
     extra = parse_context(context)
     check_answers(extra, template_questions(template))
