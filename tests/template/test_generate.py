@@ -58,6 +58,7 @@ EXPECTED_FILES = {
     "tests/test_integration.py",
     "tests/test_topology.py",
     "tests/test_backfill.py",
+    "tests/samples.py",
     "jobs/backfill.py",
     "jobs/README.md",
     "topology.json",
