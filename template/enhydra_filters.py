@@ -89,11 +89,27 @@ def class_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in str(name).split("_"))
 
 
+REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?(.*)$")
+
+
+def with_extra(requirement: str, extra: str) -> str:
+    """The requirement with one more extra: enhydra>=0.1 -> enhydra[dev-tools]>=0.1."""
+    match = REQUIREMENT.match(str(requirement))
+    if match is None:
+        return str(requirement)
+    name, extras, rest = match.groups()
+    names = [e.strip() for e in (extras or "").split(",") if e.strip()]
+    if extra not in names:
+        names.append(extra)
+    return f"{name}[{','.join(names)}]{rest}"
+
+
 class DomainFilters(Extension):
-    """Registers `past_tense`, `command_list` and `class_name` as Jinja filters."""
+    """Registers `past_tense`, `command_list`, `class_name` and `with_extra` as Jinja filters."""
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         environment.filters["past_tense"] = past_tense
         environment.filters["command_list"] = command_list
         environment.filters["class_name"] = class_name
+        environment.filters["with_extra"] = with_extra

@@ -60,6 +60,7 @@ from enhydra.processing.engine import Engine
 from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
+from enhydra.runner.registry import Verdict
 from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.admission import refusal, same_storage
@@ -500,9 +501,12 @@ class Supervisor:
         self._handling.append(asyncio.ensure_future(answer))
 
     def _position(self, partition: int) -> int | None:
+        """The next input offset of `partition` when this instance serves it, else None."""
         engine = self.runtime.engine
-        store = engine.active_store(partition) if engine is not None else None
-        return store.input_offset + 1 if store is not None else None
+        access = engine.registry.access(partition) if engine is not None else None
+        if access is None or access.verdict is not Verdict.SERVE or access.store is None:
+            return None
+        return access.store.input_offset + 1
 
     async def _on_control(self, message: dict[str, Any]) -> None:
         rt = self.runtime

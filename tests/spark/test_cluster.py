@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
-from enhydra.devtools.broker import _file_lock, cache_root
 from enhydra.snapshots import open_snapshot
 from enhydra.testing.processes import free_port, http_get, produce_json, wait_for_committed
+from enhydra.toolcache import cache_root, file_lock
 from ledger.workload import generate, model
 
 pytestmark = [
@@ -45,7 +45,7 @@ def worker_python() -> Path:
     version = f"py{sys.version_info.major}.{sys.version_info.minor}-spark{pyspark.__version__}"
     home = cache_root() / f"spark-worker-python-{version}"
     python = home / "bin" / "python"
-    with _file_lock(cache_root() / f".spark-worker-python-{version}.lock"):
+    with file_lock(cache_root() / f".spark-worker-python-{version}.lock"):
         if not (home / "complete").exists():
             # a venv made from this venv's interpreter gets the base Python, none of our packages
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)

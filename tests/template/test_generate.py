@@ -58,6 +58,7 @@ EXPECTED_FILES = {
     "tests/test_integration.py",
     "tests/test_topology.py",
     "tests/test_backfill.py",
+    "tests/samples.py",
     "jobs/backfill.py",
     "jobs/README.md",
     "topology.json",
@@ -268,6 +269,40 @@ def test_new_refuses_what_it_cannot_use_in_one_line(
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"Error: {says}"), line
     assert [p for p in (tmp_path / "out").iterdir() if p.is_dir()] == []  # nothing generated
+
+
+@pytest.mark.parametrize(
+    ("source", "requirement"), [("", None), ("2", "enhydra>=0.1,<0.3")], ids=["vendor", "index"]
+)
+def test_interactive_new_asks_for_the_requirement_only_with_an_index(
+    tmp_path: Path, source: str, requirement: str | None
+) -> None:
+    """12 questions in cookiecutter.json's order (docs/new-service.md lists them), and the 13th,
+    enhydra_requirement, only when enhydra_source=index makes it matter."""
+    questions = list(json.loads((REPO / "template/cookiecutter.json").read_text()))
+    asked = [k for k in questions if not k.startswith("_") and k != "enhydra_requirement"]
+    answers = [""] * (len(asked) - 1) + [source] + ([requirement] if requirement else [])
+    (tmp_path / "out").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "enhydra.cli.main", "new", "--output-dir", str(tmp_path / "out")],
+        input="\n".join(answers) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=clean_env(tmp_path),
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = " ".join(result.stdout.split())  # prompts wrap at the terminal width
+    for n in range(1, len(asked) + 1):
+        assert f"[{n}/{len(asked)}]" in said
+    assert ("Requirement for the Enhydra runtime" in said) == (requirement is not None)
+    pyproject = (tmp_path / "out" / "inventory" / "pyproject.toml").read_text()
+    if requirement is None:
+        assert "{root:uri}/vendor/enhydra-" in pyproject
+    else:
+        assert f'dependencies = ["{requirement}"]' in pyproject
+        assert '"enhydra[dev-tools]>=0.1,<0.3"' in pyproject
 
 
 def test_new_refuses_an_existing_folder(project: Path) -> None:

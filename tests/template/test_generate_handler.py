@@ -39,7 +39,11 @@ def test_a_typed_service_gets_a_handler_declaring_its_command(
     project = tmp_path / "out" / "returns"
     source = generate_and_test(project, "returns", tmp_path / "report.xml")
     assert "class Restock(msgspec.Struct, tag=COMMAND):" in source
-    assert "    parse=parse,\n    command_type=Restock,\n)" in source
+    # the template's naming (past tense) and typing (a Struct per event, the state's class)
+    assert 'EVENT = "restocked"' in source
+    assert "class Restocked(msgspec.Struct, tag=EVENT):" in source
+    assert "def decide(state: Item | None, command: Restock) -> list[Restocked]:" in source
+    assert "    command_type=Restock,\n    event_types={EVENT: Restocked},\n)" in source
     report = tmp_path / "backfill.xml"
     backfill = run_pytest(project, report, "tests/test_backfill.py", bootstrap=kafka_bootstrap)
     assert backfill.returncode == 0, backfill.stdout[-6000:] + backfill.stderr[-3000:]
@@ -52,3 +56,4 @@ def test_an_untyped_service_gets_a_handler_of_dicts(tmp_path: Path) -> None:
     shutil.copytree(REPO / "examples" / "ledger", project, ignore=caches)
     source = generate_and_test(project, "ledger", tmp_path / "report.xml")
     assert "msgspec" not in source and 'note = command.get("note", "")' in source
+    assert 'EVENT = "restocked"' in source

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from enhydra import toolcache
 from enhydra.cli.kafka import kafka
 from enhydra.devtools import broker as local
 from enhydra.devtools.broker import (
@@ -38,7 +39,6 @@ from enhydra.devtools.broker import (
     kafka_classpath,
     log4j2_properties,
     new_cluster_id,
-    parse_java_major_version,
     pom_xml,
     read_state,
     render_properties,
@@ -140,7 +140,7 @@ def test_cluster_id_has_kafka_uuid_format() -> None:
     ],
 )
 def test_parse_java_major_version(output: str, major: int | None) -> None:
-    assert parse_java_major_version(output) == major
+    assert toolcache.parse_java_major_version(output) == major
 
 
 # --------------------------------------------------------------------------- locations
@@ -316,7 +316,7 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.delenv("JAVA_HOME", raising=False)
-    local._java_major_version.cache_clear()
+    toolcache.java_major_version.cache_clear()
     return bin_dir
 
 

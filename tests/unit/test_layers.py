@@ -7,6 +7,9 @@ architecture: changing it is a design decision, made here on purpose, not in pas
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # concerns over local resources or plain data: RocksDB stores, error policies and the DLQ
     # format, the snapshot format and storage, projections' fold, plugins, the declaration
+    # toolcache: the Maven cache and the host's Java, shared by spark.jars and devtools.broker
     (
         "stores",
         "errors",
@@ -39,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
         "sql.model",
         "sql.rows",
         "sql.config",
+        "toolcache",
     ),
     ("plugins",),
     ("spec", "topology"),
@@ -59,8 +64,6 @@ ALLOWED_UPWARD = {
     # A backfill reads the service the user names, like `enhydra run`.
     ("spark", "service"): "the Service a backfill job is pointed at",
     ("topology", "service"): "annotations only: topology_of accepts a Service",
-    # A local Spark session fetches the Kafka connector's jars the way `make setup` does.
-    ("spark", "devtools"): "the Maven download of the connector jars",
 }
 
 
@@ -112,3 +115,104 @@ def test_every_part_of_the_table_exists() -> None:
         for part in layer:
             path = ROOT.joinpath(*part.split("."))
             assert path.is_dir() or path.with_suffix(".py").is_file(), part
+
+
+# What only development needs: behind the `dev-tools` extra (pyproject.toml), never imported by
+# a running service, so a production image installs neither cookiecutter nor the broker's CA
+# tooling. The test kit may start the session broker; nothing else may reach in.
+DEV_TOOLS = ("devtools", "cli.kafka", "cli.image", "cli.new")
+MAY_USE_DEV_TOOLS = (*DEV_TOOLS, "testing")
+# cli.generate also holds find_project, which every command inside a project uses (cli/project.py):
+# the module imports without the extra, its command needs it.
+NEED_THE_EXTRA = (*DEV_TOOLS, "cli.generate")
+EXTRA_PACKAGES = ("cookiecutter", "cryptography", "jinja2")
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(["enhydra", *path.relative_to(ROOT).with_suffix("").parts])
+    return name.removesuffix(".__init__")
+
+
+def within(module: str, parts: tuple[str, ...]) -> bool:
+    name = module.removeprefix("enhydra.")
+    return any(name == p or name.startswith(p + ".") for p in parts)
+
+
+def all_imports(path: Path, *, top_level_only: bool = False) -> list[tuple[str, list[str]]]:
+    """(module, names imported from it) for every import, or only the module-level ones."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: list[tuple[str, list[str]]] = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_private_names_of_another_part(path: Path) -> None:
+    mine = part_of(module_name(path))
+    for imported, names in all_imports(path):
+        if not imported.startswith("enhydra.") or part_of(imported) == mine:
+            continue
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        assert not private, f"{module_name(path)} imports {private} from {imported}: make it public"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_runtime_needs_no_dev_tools(path: Path) -> None:
+    module = module_name(path)
+    for imported, _ in all_imports(path):
+        top = imported.split(".")[0]
+        if within(imported, DEV_TOOLS) and imported.startswith("enhydra."):
+            assert within(module, MAY_USE_DEV_TOOLS), f"{module} imports {imported}, a dev tool"
+        if top in EXTRA_PACKAGES:
+            assert within(module, NEED_THE_EXTRA), f"{module} imports {imported}, in dev-tools"
+    # `enhydra --help` lists every command in an image without the extra: import it when used.
+    for imported, _ in all_imports(path, top_level_only=True):
+        assert imported.split(".")[0] not in EXTRA_PACKAGES, f"{module}: import {imported} lazily"
+
+
+def test_the_base_dependencies_leave_dev_tools_to_the_extra() -> None:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {r.split(">")[0].split("<")[0].split("=")[0].split("[")[0] for r in requirements}
+
+    assert not names(project["dependencies"]) & {"cookiecutter", "cryptography"}
+    assert {"cookiecutter", "cryptography"} <= names(extras["dev-tools"])
+    assert "enhydra[dev-tools]" in extras["dev"]  # `make setup` installs .[dev]: tests need it
+
+
+def run_without_the_extra(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`enhydra ARGV` in a Python where the extra's packages cannot be imported."""
+    code = (
+        "import sys\n"
+        f"for name in {EXTRA_PACKAGES!r}: sys.modules[name] = None\n"
+        "from enhydra.cli.main import main\n"
+        f"main({list(argv)!r})\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_help_lists_the_dev_commands_without_the_extra() -> None:
+    done = run_without_the_extra("--help")
+    assert done.returncode == 0, done.stderr
+    for command in ("generate", "image", "kafka", "new", "run"):
+        assert f"  {command} " in done.stdout
+
+
+@pytest.mark.parametrize("argv", [("kafka", "status"), ("new", "--no-input"), ("image", "env")])
+def test_a_dev_command_without_the_extra_names_it_in_one_line(argv: tuple[str, ...]) -> None:
+    done = run_without_the_extra(*argv)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"Error: `enhydra {argv[0]}` is development tooling: pip install 'enhydra[dev-tools]' "
+        "(missing here: cookiecutter, cryptography, jinja2)"
+    ]

@@ -81,7 +81,10 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
     # the handlers' types are part of the contract: topology, and asyncapi.json (its test
     # rewrote it while the baseline is not deployed)
     assert shown["messages"]["commands"]["restock"]["schema"]["title"] == "Restock"
-    assert {"restock_recorded", "audit_note_recorded"} <= set(shown["messages"]["events"])
+    # named and typed as the template's: past tense, declared as Structs
+    events = shown["messages"]["events"]
+    assert {"restocked", "audited_note"} <= set(events)
+    assert events["restocked"]["schemas"]["1"]["title"] == "Restocked"
     channels = json.loads((project / "asyncapi.json").read_text())["channels"].values()
     assert any("restock" in channel["messages"] for channel in channels)
 
@@ -96,6 +99,12 @@ def test_refuses_a_bad_name_an_existing_piece_and_a_foreign_folder(
 ) -> None:
     bad = enhydra(project, "generate", "handler", "Bad-Name")
     assert bad.returncode == 1 and "name 'Bad-Name': use lowercase letters" in bad.stderr
+    taken = enhydra(project, "generate", "handler", "ship")  # a command type of domain.py
+    assert taken.returncode == 1
+    assert taken.stderr.strip() == (
+        "Error: domain.py already declares the type 'ship': a handler's command type must be "
+        "new; choose another name"
+    )
     assert enhydra(project, "generate", "job", "nightly").returncode == 0
     again = enhydra(project, "generate", "job", "nightly")
     assert again.returncode == 1 and "nightly.py already exists" in again.stderr

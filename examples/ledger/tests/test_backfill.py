@@ -43,7 +43,7 @@ def test_backfill_rebuilds_the_balances(
             str(PROJECT_ROOT / "jobs" / "backfill.py"),
             "--bootstrap",
             kafka_bootstrap,
-            "--app-id",
+            "--app",
             app_id,
             "--master",
             "local[2]",

@@ -8,7 +8,15 @@ from enhydra import InvalidCommand, Rejection
 from enhydra.testing import Driver
 
 from {{ package }}.domain import CREATE, KEY_FIELD
-from {{ package }}.handlers.{{ name }} import COMMAND, EVENT, {{ name | class_name }}, decide, parse
+from {{ package }}.handlers.{{ name }} import (
+    COMMAND,
+    EVENT,
+{%- for cls in [name | class_name, event | class_name] | sort %}
+    {{ cls }},
+{%- endfor %}
+    decide,
+    parse,
+)
 from {{ package }}.service import service
 
 
@@ -35,7 +43,7 @@ def test_the_service_routes_the_command_type_here(driver: Driver) -> None:
     before = driver.state("k1")
     command = {"command_id": "c1", "type": COMMAND, KEY_FIELD: "k1", "note": "hi"}
     outcome = driver.send("k1", command)
-    assert outcome.events == [{"type": EVENT, "note": "hi"}]
+    assert outcome.events == [{{ event | class_name }}(note="hi")]
     assert driver.state("k1") == msgspec.structs.replace(before, version=before.version + 1)
 
 
@@ -53,6 +61,11 @@ def test_a_state_read_back_from_the_store_reaches_apply_typed(driver: Driver) ->
     stored = msgspec.to_builtins(state)
     after = service.aggregate.apply(stored, {"type": EVENT, "note": ""})
     assert after == msgspec.structs.replace(state, version=state.version + 1)
+
+
+def test_the_event_is_recorded_in_past_tense_as_declared() -> None:
+    assert msgspec.to_builtins({{ event | class_name }}(note="n")) == {"type": EVENT, "note": "n"}
+    assert EVENT == "{{ event }}"
 
 
 def test_unknown_keys_are_rejected() -> None:

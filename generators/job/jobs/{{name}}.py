@@ -5,7 +5,7 @@
 It reads the service's events topic once, from the beginning to its current end, folds them
 with the pure `summarize` below and prints the result as JSON (or writes it with --output):
 
-    python jobs/{{ name }}.py --bootstrap 127.0.0.1:9092 [--app-id ID] [--output summary.json]
+    python jobs/{{ name }}.py --bootstrap 127.0.0.1:9092 [--app ID] [--output summary.json]
 
 For histories too large for one process, run the same `summarize` logic in a PySpark job like
 jobs/backfill.py.
@@ -54,7 +54,7 @@ async def read_events(bootstrap: str, topic: str) -> list[tuple[str, dict[str, A
         await consumer._client.force_metadata_update()
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise SystemExit(f"no topic {topic!r}: is the app id right?")
+            raise SystemExit(f"no topic {topic!r}: is the application id (--app) right?")
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -81,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--bootstrap", default=os.environ.get("ENHYDRA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
-    parser.add_argument("--app-id", default=service.settings.app_id)
+    parser.add_argument(
+        "--app", default=service.settings.app_id, help="the application id (topic prefix)"
+    )
     parser.add_argument("--output", type=Path, help="write the summary here instead of stdout")
     args = parser.parse_args(argv)
-    topic = service.aggregate.bind(args.app_id).events_topic
+    topic = service.aggregate.bind(args.app).events_topic
     summary = summarize(asyncio.run(read_events(args.bootstrap, topic)))
     text = json.dumps(summary, indent=2)
     if args.output is None:

@@ -10,6 +10,7 @@ appended once to `PKG/domain.py` or `PKG/service.py`. Existing files are never o
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import keyword
 import os
@@ -19,10 +20,11 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
-from jinja2 import Environment, StrictUndefined
 
+from enhydra.cli.extras import require_dev_tools
 from enhydra.scaffold import scaffold_root, service_template
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -75,22 +77,30 @@ def check_name(name: str) -> str:
     return name
 
 
-def _class_name(name: str) -> str:
-    """The template's own filter (template/enhydra_filters.py), so both name classes alike."""
+@functools.cache
+def _filters() -> Any:
+    """The template's own filters (template/enhydra_filters.py): a handler names its classes
+    and its event (past tense: renew -> renewed) as the template names the domain's."""
     path = service_template() / "enhydra_filters.py"
     spec = importlib.util.spec_from_file_location("enhydra_filters", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.class_name(name)
+    return module
 
 
-def render(kind: str, project: Project, name: str) -> list[Path]:
+def _class_name(name: str) -> str:
+    return _filters().class_name(name)
+
+
+def render(kind: str, project: Project, name: str, **extra: str) -> list[Path]:
     """Render generators/<kind>/ into the project; refuse to overwrite anything."""
+    from jinja2 import Environment, StrictUndefined
+
     source = scaffold_root() / "generators" / kind
     env = Environment(undefined=StrictUndefined, keep_trailing_newline=True)
     env.filters["class_name"] = _class_name
-    context = {"package": project.package, "name": name}
+    context = {"package": project.package, "name": name, **extra}
     planned: list[tuple[Path, str]] = []
     for template in sorted(p for p in source.rglob("*") if p.is_file()):
         if "__pycache__" in template.parts:
@@ -128,7 +138,7 @@ REGISTRY = '''"""{doc}"""
 
 {imports}
 
-{constant} = [{names}]
+{constant} = {names}
 '''
 
 
@@ -146,7 +156,9 @@ def write_registry(project: Project, kind: str, attr: str, constant: str, doc: s
     imports = "\n".join(
         f"from {project.package}.{kind}.{m} import {attr} as {m}_{attr}" for m in modules
     )
-    names = ", ".join(f"{m}_{attr}" for m in modules)
+    names = "[" + ", ".join(f"{m}_{attr}" for m in modules) + "]"
+    if len(constant) + 3 + len(names) > 100:  # as ruff format writes a list too long for a line
+        names = "[\n" + "".join(f"    {m}_{attr},\n" for m in modules) + "]"
     init.write_text(REGISTRY.format(doc=doc, imports=imports, constant=constant, names=names))
     return init
 
@@ -163,9 +175,27 @@ def wire_once(path: Path, marker: str, block: str) -> bool:
 def generate_handler(project: Project, name: str) -> list[Path]:
     domain = project.package_dir / "domain.py"
     aggregate, call = _assigned_call(domain, "Aggregate")
+    event = _filters().past_tense(name)
+    taken = re.findall(r"""tag=["']([^"']+)["']""", domain.read_text())
+    for what, type_name in (("command", name), ("event", event)):
+        if type_name in taken:
+            raise GenerateError(
+                f"{domain.name} already declares the type {type_name!r}: a handler's {what} "
+                "type must be new; choose another name"
+            )
     # An aggregate that declares its types (messages.py) gets a handler that declares its own.
-    typed = any(k.arg in ("command_types", "event_types", "state_type") for k in call.keywords)
-    files = render("handler_typed" if typed else "handler", project, name)
+    keywords = {k.arg: k.value for k in call.keywords}
+    typed = any(k in keywords for k in ("command_types", "event_types", "state_type"))
+    state = keywords.get("state_type")
+    if typed:
+        if not isinstance(state, ast.Name):
+            raise GenerateError(
+                f"{domain.name}: {aggregate} = Aggregate(...) declares no state_type=<Struct "
+                "class>, which a typed handler's decide and apply are written against"
+            )
+        files = render("handler_typed", project, name, event=event, state=state.id)
+    else:
+        files = render("handler", project, name, event=event)
     files.append(
         write_registry(
             project,
@@ -237,6 +267,7 @@ def generate(kind: str, name: str, project: Path) -> None:
       enhydra generate handler restock
       enhydra generate projection daily_totals --project ~/src/billing
     """
+    require_dev_tools("generate")
     found = find_project(project.resolve())
     for path in KINDS[kind](found, check_name(name)):
         click.echo(f"wrote {path.relative_to(found.root)}")

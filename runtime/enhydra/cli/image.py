@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from enhydra.cli.common import app_option
+from enhydra.cli.extras import require_dev_tools
 from enhydra.devtools import image as recipe
 from enhydra.devtools.broker import LocalBroker
 
@@ -43,6 +44,7 @@ def image() -> None:
     Example:
       enhydra image prepare && enhydra image build . && enhydra image run localhost/billing:0.1.0
     """
+    require_dev_tools("image")
 
 
 @image.command("prepare")

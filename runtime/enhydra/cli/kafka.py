@@ -17,6 +17,7 @@ import click
 from click.core import ParameterSource
 
 from enhydra.cli.common import StatusLine
+from enhydra.cli.extras import require_dev_tools
 from enhydra.devtools.broker import (
     DEFAULT_PORT,
     HOST,
@@ -102,6 +103,7 @@ def kafka() -> None:
     Example:
       enhydra kafka start && enhydra kafka status && enhydra kafka stop
     """
+    require_dev_tools("kafka")
 
 
 @kafka.command("start")

@@ -19,12 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from cookiecutter.config import get_user_config
-from cookiecutter.exceptions import CookiecutterException, FailedHookException
-from cookiecutter.generate import generate_context
-from cookiecutter.main import cookiecutter
-from cookiecutter.prompt import prompt_for_config
 
+from enhydra.cli.extras import require_dev_tools
 from enhydra.scaffold import service_template
 
 
@@ -80,14 +76,40 @@ def _importable(folder: Path) -> Iterator[None]:
 
 def settle(template: Path, extra: dict[str, str], no_input: bool) -> dict[str, Any]:
     """Every answer, from KEY=VALUE, the user's cookiecutter defaults and the prompts."""
+    from cookiecutter.config import get_user_config
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
     with _importable(template):
         context = generate_context(
             context_file=str(template / "cookiecutter.json"),
             default_context=get_user_config()["default_context"],
             extra_context=extra,
         )
+        questions = context["cookiecutter"]
+        prompts = dict(questions.get("__prompts__", {}))  # prompt_for_config pops them
+        # Asked after the others, and only when the answer they hang on needs them.
+        later = {k: questions.pop(k) for k in ASKED_WHEN if k in questions}
         answers = prompt_for_config(context, no_input)
+        for key, default in later.items():
+            answers[key] = _ask_when(key, default, answers, prompts, no_input)
     return {k: v for k, v in answers.items() if not k.startswith("_")}
+
+
+# question -> (the question it depends on, the answer that makes it asked)
+ASKED_WHEN = {"enhydra_requirement": ("enhydra_source", "index")}
+
+
+def _ask_when(
+    key: str, default: Any, answers: dict[str, Any], prompts: dict[str, Any], no_input: bool
+) -> Any:
+    """The answer to a conditional question: asked when it matters, else its default."""
+    from cookiecutter.prompt import read_user_variable
+
+    on, value = ASKED_WHEN[key]
+    if no_input or answers.get(on) != value:
+        return default
+    return read_user_variable(key, default, prompts, prefix="  ")
 
 
 def target_folder(answers: dict[str, Any], output_dir: Path, overwrite: bool) -> Path:
@@ -134,6 +156,10 @@ def new(no_input: bool, output_dir: Path, overwrite: bool, context: tuple[str, .
       enhydra new --no-input project_name=Billing aggregate=invoices key_field=invoice \\
         command_types='issue, pay, cancel'
     """
+    require_dev_tools("new")
+    from cookiecutter.exceptions import CookiecutterException, FailedHookException
+    from cookiecutter.main import cookiecutter
+
     template = service_template()
     extra = parse_context(context)
     check_answers(extra, template_questions(template))

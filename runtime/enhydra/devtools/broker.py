@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -24,13 +22,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
+from enhydra import toolcache
 from enhydra.devtools.broker_security import (
     SecurityFiles,
     ensure_certificates,
@@ -40,15 +38,19 @@ from enhydra.devtools.broker_security import (
 )
 from enhydra.devtools.process import run_streaming
 
+# The cache, Java and Maven are shared with spark/jars.py: they live in enhydra.toolcache.
+from enhydra.toolcache import ToolError, cache_root
+from enhydra.toolcache import file_lock as _file_lock
+from enhydra.toolcache import last_lines as _last_lines
+from enhydra.toolcache import write_atomic as _write_atomic
+
 KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.24.3"
 # Pinned explicitly: without it Maven resolves slf4j-api 1.7 through Kafka and logging goes NOP.
 SLF4J_VERSION = "2.0.16"
-MIN_JAVA_VERSION = 17
 DEFAULT_PORT = 9092
 HOST = "127.0.0.1"
 NODE_ID = 1
-INSTALL_HINT = "install it with: apt-get install openjdk-17-jre-headless maven"
 
 STATE_FILE = "broker.json"
 PID_FILE = "broker.pid"
@@ -126,18 +128,6 @@ class BrokerState:
 # --------------------------------------------------------------------------- locations
 
 
-def cache_root() -> Path:
-    """Cache root: $ENHYDRA_CACHE_DIR, else $XDG_CACHE_HOME/enhydra, else ~/.cache/enhydra."""
-    explicit = os.environ.get("ENHYDRA_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    # The XDG spec says relative values are invalid and must be ignored.
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "enhydra"
-    return Path.home() / ".cache" / "enhydra"
-
-
 def kafka_home(cache_dir: Path | None = None) -> Path:
     """Directory holding the jars of the pinned Kafka version inside the cache."""
     return (cache_dir or cache_root()) / f"kafka-{KAFKA_VERSION}"
@@ -151,83 +141,23 @@ def default_data_dir() -> Path:
     return cache_root() / "broker"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Serialize fetches/starts across processes (e.g. parallel test workers)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Readers never see a half-written file, even if we are killed mid-write."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- tools
 
 
 def find_java() -> str:
     """Absolute path of a Java >= 17 (JAVA_HOME first, like Kafka's own scripts)."""
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = Path(java_home) / "bin" / "java" if java_home else None
-    if candidate is not None and os.access(candidate, os.X_OK):
-        java = str(candidate)
-    else:
-        found = shutil.which("java")
-        if found is None:
-            raise BrokerError(
-                f"`java` was not found on PATH; Apache Kafka {KAFKA_VERSION} needs Java "
-                f"{MIN_JAVA_VERSION}+ ({INSTALL_HINT})"
-            )
-        java = str(Path(found).resolve())
-    major = _java_major_version(java)
-    if major is not None and major < MIN_JAVA_VERSION:
-        raise BrokerError(
-            f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java "
-            f"{MIN_JAVA_VERSION}+ ({INSTALL_HINT}, or point JAVA_HOME at a newer JDK)"
-        )
-    return java
-
-
-@lru_cache(maxsize=8)
-def _java_major_version(java: str) -> int | None:
-    """Parse `java -version`; None when unparseable (we then let Kafka itself complain)."""
     try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_java_major_version(out.stderr + out.stdout)
-
-
-def parse_java_major_version(text: str) -> int | None:
-    """`version "1.8.0_292"` -> 8, `version "17.0.15"` -> 17, `version "21"` -> 21."""
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if match is None:
-        return None
-    major = int(match.group(1))
-    if major == 1 and match.group(2) is not None:
-        return int(match.group(2))
-    return major
+        return toolcache.find_java(f"Apache Kafka {KAFKA_VERSION}")
+    except ToolError as exc:
+        raise BrokerError(str(exc)) from None
 
 
 def find_mvn() -> str:
     """Maven resolves Kafka and its exact transitive dependencies from Maven Central."""
-    found = shutil.which("mvn")
-    if found is None:
-        raise BrokerError(
-            f"`mvn` (Apache Maven) was not found on PATH; it is needed once to download "
-            f"Apache Kafka {KAFKA_VERSION} ({INSTALL_HINT})"
-        )
-    return found
+    try:
+        return toolcache.find_mvn(f"Apache Kafka {KAFKA_VERSION}")
+    except ToolError as exc:
+        raise BrokerError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- jars
@@ -412,10 +342,6 @@ def _fetch(home: Path, report: Report) -> None:
     report.note(
         f"enhydra: fetched {len(jars)} jars ({size_mb:.0f} MB) in {time.monotonic() - started:.1f}s"
     )
-
-
-def _last_lines(text: str, count: int) -> str:
-    return "\n".join(text.strip().splitlines()[-count:])
 
 
 # --------------------------------------------------------------------------- config files

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from enhydra.devtools.broker import _file_lock, cache_root
 from enhydra.devtools.process import run_streaming
 from enhydra.scaffold import source_checkout, vendored_wheel
+from enhydra.toolcache import cache_root, file_lock
 
 BASE_IMAGE = "localhost/enhydra-base:bookworm"
 SUITE = "bookworm"
@@ -130,7 +130,7 @@ def image_size(ref: str) -> int:
 @contextlib.contextmanager
 def _locked(name: str) -> Iterator[None]:
     """One prepare/build at a time per cache (parallel test workers share the base image)."""
-    with _file_lock(cache_root() / "locks" / name):
+    with file_lock(cache_root() / "locks" / name):
         yield
 
 

@@ -105,7 +105,7 @@ class Flight:
     done_at: float = 0.0
 
 
-def _begin(run: Callable[[Flight], Awaitable[list[Written]]]) -> Flight:
+def begin_flight(run: Callable[[Flight], Awaitable[list[Written]]]) -> Flight:
     published: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     # A failure is raised from `done`; the same error on `published` is only for the next flight.
     published.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -114,7 +114,7 @@ def _begin(run: Callable[[Flight], Awaitable[list[Written]]]) -> Flight:
     return flight
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None = None) -> None:
+def settle_future(future: asyncio.Future[None], error: BaseException | None = None) -> None:
     if future.done():
         return
     if error is None:
@@ -394,7 +394,7 @@ class AtLeastOnce:
         after: Flight | None,
         guard: Guard = _no_guard,
     ) -> Flight:
-        flight = _begin(lambda flight: self._fly(flight, batch, stores, after, guard))
+        flight = begin_flight(lambda flight: self._fly(flight, batch, stores, after, guard))
         self._flying += 1
         flight.done.add_done_callback(self._landed)
         return flight
@@ -423,9 +423,9 @@ class AtLeastOnce:
             flight.sent_at = time.time()
             await self._publish(outputs, guard)
             flight.published_at = time.time()
-            _settle(flight.published)
+            settle_future(flight.published)
         except BaseException as exc:
-            _settle(flight.published, exc)
+            settle_future(flight.published, exc)
             raise
         if after is not None:
             await after.done
@@ -680,7 +680,7 @@ class ExactlyOnce:
         guard: Guard = _no_guard,
     ) -> Flight:
         """`guard` is not needed: the next owner's transactions fence this producer."""
-        return _begin(lambda flight: self._fly(flight, batch, stores, after))
+        return begin_flight(lambda flight: self._fly(flight, batch, stores, after))
 
     async def _fly(
         self,
@@ -708,9 +708,9 @@ class ExactlyOnce:
                 if isinstance(result, BaseException):
                     raise result
             flight.published_at = flight.done_at = time.time()
-            _settle(flight.published)
+            settle_future(flight.published)
         except BaseException as exc:
-            _settle(flight.published, exc)
+            settle_future(flight.published, exc)
             raise
         return done  # type: ignore[return-value]
 

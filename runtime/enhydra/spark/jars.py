@@ -17,14 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from enhydra.devtools.broker import (
-    BrokerError,
-    _file_lock,
-    _last_lines,
-    _write_atomic,
+from enhydra.toolcache import (
+    ToolError,
     cache_root,
+    file_lock,
     find_java,
     find_mvn,
+    last_lines,
+    write_atomic,
 )
 
 CONNECTOR = "spark-sql-kafka-0-10"
@@ -94,7 +94,7 @@ def kafka_jars(cache_dir: Path | None = None, *, quiet: bool = False) -> list[Pa
     home = jars_home(cache_dir)
     found = _cached(home)
     if found is None:
-        with _file_lock(home / ".lock"):
+        with file_lock(home / ".lock"):
             found = _cached(home)
             if found is None:
                 found = _fetch(home, quiet=quiet)
@@ -118,13 +118,13 @@ def _shipped_artifacts() -> set[str]:
 def _fetch(home: Path, *, quiet: bool) -> list[Path]:
     coords = coordinates()
     try:
-        find_java()
-        mvn = find_mvn()
-    except BrokerError as exc:
-        raise SparkJarsError(str(exc).replace("Apache Kafka", "Spark's Kafka connector")) from None
+        find_java("Spark's Kafka connector")
+        mvn = find_mvn(coords)
+    except ToolError as exc:
+        raise SparkJarsError(str(exc)) from None
     home.mkdir(parents=True, exist_ok=True)
     pom = home / "pom.xml"
-    _write_atomic(pom, _pom(coords))
+    write_atomic(pom, _pom(coords))
     scratch = Path(tempfile.mkdtemp(prefix="jars.partial-", dir=home))
     if not quiet:
         print(f"enhydra: downloading {coords} with Maven into {home} (once)...", file=sys.stderr)
@@ -145,7 +145,7 @@ def _fetch(home: Path, *, quiet: bool) -> list[Path]:
         raise SparkJarsError(
             f"Maven could not download {coords} (exit code {done.returncode}); Spark's Kafka "
             "connector must exist for exactly the installed pyspark version. "
-            f"Command: {' '.join(command)}\n{_last_lines(done.stdout + done.stderr, 20)}"
+            f"Command: {' '.join(command)}\n{last_lines(done.stdout + done.stderr, 20)}"
         )
     shipped = _shipped_artifacts()
     keep: list[Path] = []
@@ -164,7 +164,7 @@ def _fetch(home: Path, *, quiet: bool) -> list[Path]:
         os.replace(jar, target / jar.name)
     shutil.rmtree(scratch, ignore_errors=True)
     names = [jar.name for jar in keep]
-    _write_atomic(home / _MARKER, json.dumps({"coordinates": coords, "jars": names}) + "\n")
+    write_atomic(home / _MARKER, json.dumps({"coordinates": coords, "jars": names}) + "\n")
     if not quiet:
         print(f"enhydra: fetched {', '.join(names)}", file=sys.stderr)
     return [target / name for name in names]

@@ -35,7 +35,14 @@ from enhydra.errors.failure import Failure, Stage
 from enhydra.kafka.clients import Producer, close, new_producer, start
 from enhydra.logs import get_logger
 from enhydra.runner.batch import PartitionWrite
-from enhydra.runner.checkpoint import Flight, Guard, Written, _begin, _settle, record_limit
+from enhydra.runner.checkpoint import (
+    Flight,
+    Guard,
+    Written,
+    begin_flight,
+    record_limit,
+    settle_future,
+)
 from enhydra.settings import Settings
 from enhydra.sql import writer
 from enhydra.sql.config import DatabaseSettings
@@ -194,7 +201,7 @@ class SqlCommit:
         guard: Guard | None = None,
     ) -> Flight:
         """`guard` is not needed: a stale owner's transaction fails on the positions."""
-        return _begin(lambda flight: self._fly(flight, batch, stores, after))
+        return begin_flight(lambda flight: self._fly(flight, batch, stores, after))
 
     async def _fly(
         self,
@@ -224,9 +231,9 @@ class SqlCommit:
                 for partition, (_, new) in moves.items():
                     self.next[partition] = new
             flight.published_at = flight.done_at = time.time()
-            _settle(flight.published)
+            settle_future(flight.published)
         except BaseException as exc:
-            _settle(flight.published, exc)
+            settle_future(flight.published, exc)
             raise
         written = []
         for write in batch:

@@ -19,6 +19,7 @@ import pytest
 from enhydra.snapshots import open_snapshot
 from enhydra.testing import Driver
 from enhydra.testing.processes import produce_json, wait_for_committed
+from samples import command
 
 from {{ cookiecutter.package_name }}.domain import (
     COMMAND_TYPES,
@@ -32,18 +33,17 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def commands() -> list[tuple[str, dict[str, Any]]]:
-    """12 keys, each created and then sent every command type four times, plus one duplicate."""
+    """12 keys, each created and then sent every command type four times, plus one duplicate;
+    each built from its declared type (tests/samples.py)."""
     create, *others = COMMAND_TYPES
     out: list[tuple[str, dict[str, Any]]] = []
     for n in range(12):
         key = f"{KEY_FIELD}-{n}"
-        created = {"command_id": f"{key}-c", "type": create, KEY_FIELD: key, "name": f"n{n}"}
-        out.append((key, created))
+        out.append((key, command(create, key, f"{key}-c", name=f"n{n}")))
         for round_ in range(4):
             for kind in others:
-                command = {"type": kind, KEY_FIELD: key, "note": f"round {round_}"}
-                out.append((key, {"command_id": f"{key}-{kind}-{round_}", **command}))
-        out.append((key, {"command_id": f"{key}-c", "type": create, KEY_FIELD: key}))
+                out.append((key, command(kind, key, f"{key}-{kind}-{round_}", note=f"r{round_}")))
+        out.append((key, command(create, key, f"{key}-c")))
     return out
 
 

@@ -1,6 +1,6 @@
-"""A command type of the aggregate:
+"""A command type of the aggregate, and the event it records:
 
-    {{ name }}
+    {{ name }} -> {{ event }}
 
 Added by `enhydra generate handler`.
 
@@ -18,7 +18,7 @@ from enhydra import Rejection
 from enhydra.plugins import Handler
 
 COMMAND = "{{ name }}"
-EVENT = "{{ name }}_recorded"
+EVENT = "{{ event }}"
 
 
 def decide(state: dict[str, Any] | None, command: dict[str, Any]) -> list[dict[str, Any]]:
