@@ -10,6 +10,7 @@ from aiohttp import web
 from enhydra.query import metadata as meta
 from enhydra.query.api import ApiContext, json_response
 from enhydra.query.openapi import Param, Route, key_param, store_param
+from enhydra.snapshots.live import in_progress
 
 PEER_STATS_TIMEOUT_S = 1.5
 
@@ -21,6 +22,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         report = meta.local_report(ctx.engine(), instance_id, store_name)
         report["projections"] = {n: e.describe() for n, e in sorted(ctx.projections().items())}
         report["plugins"] = ctx.plugins()
+        report["snapshots"] = in_progress()  # under way, per partition
         return json_response(report)
 
     async def metadata(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -94,7 +96,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/v1/stats",
             stats,
-            "this instance's tasks and counters",
+            "this instance's tasks, counters and the snapshots under way",
             "metadata",
             "query",
             responses=(200, 503),
