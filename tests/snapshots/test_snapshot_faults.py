@@ -140,6 +140,21 @@ def model_at(bootstrap: str, topic: str, cut: dict[int, int]) -> dict[str, dict]
     )
 
 
+def snapshots_seen(member: Member, seconds: float) -> list[dict[str, Any]]:
+    """The snapshots under way in `member`'s /v1/stats, polled for `seconds` (first seen)."""
+    deadline = time.monotonic() + seconds
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        try:
+            status, stats = member.proc.get("/v1/stats")
+        except OSError:
+            status, stats = 0, {}
+        if not seen and status == 200 and stats.get("snapshots"):
+            seen = stats["snapshots"]
+        time.sleep(0.25)
+    return seen
+
+
 def plan(runs: int, kill_only: bool, rng: random.Random) -> list[tuple[str, str]]:
     """(window, fault) for each run: every window with kill -9, then SIGSTOP, then at random."""
     faults = ["kill"] if kill_only else ["kill", "stop"]
@@ -172,9 +187,10 @@ def test_snapshots_taken_across_a_member_killed_or_stopped_at_each_point_are_com
     results: list[str] = []
     try:
         for run, (window, fault) in enumerate(plan(runs, kill_only, rng)):
-            victim = members[rng.choice("ab")]
+            name = rng.choice("ab")
+            victim, other = members[name], members["b" if name == "a" else "a"]
             outcome = one_snapshot(
-                kafka_bootstrap, app_id, storage, victim, window, fault, rng, run
+                kafka_bootstrap, app_id, storage, (victim, other), window, fault, rng, run
             )
             results.append(outcome)
             print(outcome)
@@ -188,12 +204,13 @@ def one_snapshot(
     bootstrap: str,
     app_id: str,
     storage: Path,
-    victim: Member,
+    pair: tuple[Member, Member],
     window: str,
     fault: str,
     rng: random.Random,
     run: int,
 ) -> str:
+    victim, other = pair
     mark = victim.log_size()
     restart_after = rng.uniform(0.5, 3.0)
     if window == "rebalance":  # the request lands while the restarted member rejoins
@@ -218,16 +235,49 @@ def one_snapshot(
             victim.restart()
         else:
             os.kill(victim.pid, signal.SIGSTOP)
-            time.sleep(8.0)  # beyond the detector's probe window (5 s): it is removed
+            # beyond the detector's probe window (5 s): it is removed, its partitions move
+            in_progress = snapshots_seen(other, seconds=8.0)
             os.kill(victim.pid, signal.SIGCONT)
+            if window == "at_request":  # frozen before it could export: the others wait
+                assert in_progress, "the survivor's /v1/stats never showed the snapshot"
+                assert set(in_progress[0]["partitions"]) == {"0", "1", "2", "3"}
     out, err = asking.communicate(timeout=180)
     took = time.monotonic() - started
     label = f"run {run}: {fault} {victim.name} {window}{'' if hit else ' (missed)'}"
     assert asking.returncode == 0, f"{label}: snapshot refused after {took:.1f}s: {err.strip()}"
     info = json.loads(out.strip().splitlines()[-1])
+    assert f"snapshot {info['id']}: " in err and "/4 written" in err, "no progress shown"
     snap = open_snapshot(storage / info["id"])
     cut = snap.manifest.cut.offsets
     assert sorted(cut) == [0, 1, 2, 3], f"{label}: not every partition: {cut}"
     assert states(snap) == model_at(bootstrap, f"{app_id}-commands", cut), label
     assert took < TARGET_S, f"{label}: took {took:.1f}s"
     return f"{label}: complete in {took:.1f}s, cut {cut}"
+
+
+def test_a_snapshot_that_cannot_be_written_fails_by_its_deadline_saying_which_and_why(
+    service_factory: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the snapshots' folder should be")
+    storage = blocker / "snapshots"
+    one = service_factory(
+        TARGET,
+        "f",
+        extra_env={"ENHYDRA_SNAPSHOT_STORAGE": str(storage), "ENHYDRA_SNAPSHOT_TIMEOUT_S": "8"},
+    )
+    one.wait_ready()
+    started = time.monotonic()
+    asking = snapshot_command(one.env["ENHYDRA_APP_ID"], kafka_bootstrap, storage)
+    _, err = asking.communicate(timeout=120)
+    took = time.monotonic() - started
+    assert asking.returncode != 0
+    error = err.strip().splitlines()[-1]
+    print(f"refused after {took:.1f}s: {error}")
+    assert (
+        f"partitions [0, 1, 2, 3] not exported (0, 1, 2, 3: f: NotADirectoryError writing to "
+        f"{storage}: Not a directory) within 8 s"
+    ) in error
+    assert "Traceback" not in err
+    assert took < 60, "the app's deadline, not the caller's, ended it"
+    assert "snapshot request received" in one.log_tail(400)

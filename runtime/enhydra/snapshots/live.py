@@ -19,12 +19,17 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
+import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
 
 from enhydra.contracts.fingerprint import store_fingerprint
 from enhydra.logs import get_logger
@@ -36,6 +41,7 @@ from enhydra.snapshots.format import (
     PartitionFile,
     PartitionTaken,
     SnapshotError,
+    file_digest,
     partition_file,
     write_partition_file,
 )
@@ -71,6 +77,7 @@ __all__ = [
 
 log = get_logger("enhydra.snapshots")
 
+REPORTS = ".reports"  # in a snapshot's folder: each placed file's report, by partition and digest
 TICK_S = 0.2  # how often an instance looks for partitions to export and snapshots to finish
 
 Send = Callable[..., Awaitable[None]]
@@ -87,6 +94,57 @@ def in_progress() -> list[dict[str, Any]]:
     """The snapshots this instance knows are under way, per partition (for /v1/stats)."""
     live = _current
     return [] if live is None else live.progress.describe(time.time())
+
+
+def _place_with_report(
+    local: Path, store: str, partition: int, rows: Any, report: dict[str, Any]
+) -> PartitionFile:
+    """Write a partition file, leave its report beside it, then place it (never replacing).
+
+    A placed file always has its report on disk first, so when its writer dies before sending
+    the report, whoever finds the file placed sends it: a kill between the two loses nothing.
+    """
+    staging = local / f".staging-{uuid.uuid4().hex}"
+    try:
+        written = write_partition_file(staging, store, partition, rows)
+        reports = local / REPORTS
+        reports.mkdir(parents=True, exist_ok=True)
+        left = reports / f"{partition}-{written.sha256}.json"
+        tmp = reports / f".{left.name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_bytes(orjson.dumps({**report, "file": asdict(written)}))
+        os.replace(tmp, left)
+        target = local / written.file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(staging / written.file, target)  # fails if the target exists: first wins
+        except FileExistsError:
+            raise PartitionTaken(f"{written.file} was written by another instance first") from None
+        for directory in (reports, target.parent):
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _why(exc: Exception, storage: str) -> str:
+    """An export's error in a few words: an OS error names the storage, not a temp path."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__} writing to {storage}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def left_report(local: Path, store: str, partition: int) -> dict[str, Any] | None:
+    """The report left beside `partition`'s placed file (the one of that very file), if any."""
+    placed = local / partition_file(store, partition)
+    if not placed.is_file():
+        return None
+    sha256, _ = file_digest(placed)
+    left = local / REPORTS / f"{partition}-{sha256}.json"
+    return orjson.loads(left.read_bytes()) if left.is_file() else None
 
 
 class SnapshotHost(Protocol):
@@ -247,6 +305,10 @@ class LiveSnapshots:
         async def run() -> None:
             try:
                 await step
+            except Exception as exc:  # e.g. the broker did not take the message: next turn
+                log.warning(
+                    "snapshot step failed; tried again", snapshot=snapshot.id, error=repr(exc)
+                )
             finally:
                 self._coordinating.discard(snapshot.id)
 
@@ -291,13 +353,33 @@ class LiveSnapshots:
                 return
             offset = cut_at.result()
             started = time.monotonic()
+            report = {
+                "id": snapshot.id,
+                "partition": partition,
+                "instance": self.instance,
+                "cut": offset,
+                "partitions": self.partitions,
+                "store": bound.name,
+                "commands_topic": bound.commands_topic,
+                "fingerprint": self.fingerprint(),
+            }
             try:
                 written = await asyncio.to_thread(
-                    self._export, snapshot, partition, access.store, bound.name
+                    self._export, snapshot, partition, access.store, report
                 )
             except PartitionTaken:
-                # another owner wrote it first; its report names the file the manifest keeps
-                if partition not in snapshot.parts:
+                # Another owner placed it first. Its report says which file the manifest keeps;
+                # if that owner died before sending it, the report it left on disk is sent.
+                left = await asyncio.to_thread(self._left_report, snapshot, partition)
+                if left is not None and partition not in snapshot.parts:
+                    log.info(
+                        "snapshot partition reported for its dead writer",
+                        snapshot=snapshot.id,
+                        partition=partition,
+                        writer=left.get("instance"),
+                    )
+                    await self.send(SNAPSHOT_PART, **{**left, "adopted_by": self.instance})
+                elif left is None and partition not in snapshot.parts:
                     snapshot.orphans[partition] = time.time()
                 log.info(
                     "snapshot partition already written", snapshot=snapshot.id, partition=partition
@@ -312,22 +394,11 @@ class LiveSnapshots:
                 rows=written.rows,
                 seconds=round(time.monotonic() - started, 3),
             )
-            await self.send(
-                SNAPSHOT_PART,
-                id=snapshot.id,
-                partition=partition,
-                instance=self.instance,
-                cut=offset,
-                partitions=self.partitions,
-                store=bound.name,
-                commands_topic=bound.commands_topic,
-                fingerprint=self.fingerprint(),
-                file=asdict(written),
-            )
+            await self.send(SNAPSHOT_PART, **report, file=asdict(written))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            snapshot.errors[partition] = f"{self.instance}: {type(exc).__name__}: {exc}"
+            snapshot.errors[partition] = f"{self.instance}: {_why(exc, snapshot.storage)}"
             log.error(
                 "snapshot partition failed; it is tried again",
                 snapshot=snapshot.id,
@@ -341,17 +412,25 @@ class LiveSnapshots:
                 del self._takes[partition]
 
     def _export(
-        self, snapshot: Snapshot, partition: int, store: PartitionStore, name: str
+        self, snapshot: Snapshot, partition: int, store: PartitionStore, report: dict[str, Any]
     ) -> PartitionFile:
         storage = open_storage(snapshot.storage)
         local = storage.local_dir(snapshot.id)
         rows = store.items(bulk=True)
+        name = str(report["store"])
         if local is not None:
-            return write_partition_file(local, name, partition, rows, exclusive=True)
+            return _place_with_report(local, name, partition, rows, report)
         with tempfile.TemporaryDirectory(prefix="enhydra-export-") as tmp:
             written = write_partition_file(Path(tmp), name, partition, rows)
             storage.put_file(f"{snapshot.id}/{written.file}", Path(tmp) / written.file)
             return written
+
+    def _left_report(self, snapshot: Snapshot, partition: int) -> dict[str, Any] | None:
+        """The report its writer left next to the partition's placed file, if any."""
+        local = open_storage(snapshot.storage).local_dir(snapshot.id)
+        if local is None:
+            return None  # object storage: no report is left (a known gap, docs/snapshots.md)
+        return left_report(local, self.owner.bound.name, partition)
 
     def fingerprint(self) -> str:
         s, bound = self.owner.settings, self.owner.bound

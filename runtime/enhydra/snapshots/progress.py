@@ -80,16 +80,16 @@ class Snapshot:
     def why_missing(self, partitions: int) -> str:
         """One line: which partitions could not be exported and why."""
         missing = self.missing(partitions)
-        reasons = []
+        grouped: dict[str, list[int]] = {}  # the same reason for several partitions, said once
         for p in missing:
             if p in self.errors:
-                reasons.append(f"{p}: {self.errors[p]}")
+                why = self.errors[p]
             elif p in self.orphans:
-                reasons.append(
-                    f"{p}: its file was written by an instance that stopped before reporting it"
-                )
+                why = "its file was written by an instance that stopped before reporting it"
             else:
-                reasons.append(f"{p}: {self.last_seen(p)}")
+                why = self.last_seen(p)
+            grouped.setdefault(why, []).append(p)
+        reasons = [f"{', '.join(map(str, ps))}: {why}" for why, ps in grouped.items()]
         return f"partitions {missing} not exported ({'; '.join(reasons)})"
 
     def announcement(self) -> dict[str, Any]:
