@@ -116,3 +116,19 @@ def test_stats_show_each_partition_written_cutting_or_waiting():
         "1": {"state": "cutting", "by": "b", "cut": 7},
         "2": {"state": "waiting", "owner": None},
     }
+
+
+def test_the_cli_shows_every_partition_in_one_line():
+    from enhydra.cli.snapshot import describe_progress
+
+    progress = Progress(3, 60)
+    progress.on_message({"type": SNAPSHOT_REQUEST, "id": SID, "storage": "/s"}, now=0)
+    progress.on_message(part(0, "a", cut=4), now=1)
+    progress.on_message(
+        {"type": SNAPSHOT_CLAIM, "id": SID, "partition": 1, "instance": "b", "cut": 7}, now=1
+    )
+    progress.snapshots[SID].owners[2] = "b"
+    [state] = progress.describe(now=2)
+    assert describe_progress(state) == (
+        f"snapshot {SID}: 1/3 written; p0 written by a at 4, p1 cutting at 7 on b, p2 waiting for b"
+    )

@@ -554,7 +554,7 @@ class LiveSnapshots:
         while interval > 0:
             await asyncio.sleep(interval)
             engine = self.owner.engine
-            busy = bool(self.progress.snapshots)  # one at a time: the last is still under way
+            busy = bool(self.progress.snapshots or self._coordinating)  # one at a time
             if self.is_coordinator and engine is not None and engine.registry.ready and not busy:
                 with contextlib.suppress(Exception):  # tried again at the next interval
                     await self.send(
