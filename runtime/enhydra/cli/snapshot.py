@@ -56,6 +56,20 @@ def _storage(url: str, *, must_exist: bool) -> FileStorage | S3Storage:
     return storage
 
 
+def describe_progress(state: dict) -> str:
+    """One line per update: how many partitions are written, and each one's state."""
+    parts = state["partitions"]
+    shown = []
+    for p, info in sorted(parts.items(), key=lambda item: int(item[0])):
+        if info["state"] == "written":
+            shown.append(f"p{p} written by {info['by']} at {info['cut']}")
+        elif info["state"] == "cutting":
+            shown.append(f"p{p} cutting at {info['cut']} on {info['by']}")
+        else:
+            shown.append(f"p{p} waiting" + (f" for {info['owner']}" if info.get("owner") else ""))
+    return f"snapshot {state['id']}: {state['written']}/{len(parts)} written; " + ", ".join(shown)
+
+
 def _service(target: str | None, alias: str | None) -> Service | None:
     target = target_or_alias(target, alias, "--service")
     return load_service(target) if target is not None else None
@@ -128,15 +142,9 @@ def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
         raise click.ClickException(str(exc)) from None
     line = StatusLine(every_s=5.0)
     line.show(f"enhydra: asking {app_id}'s instances for a snapshot...", now=True)
-    written: dict[int, int] = {}
 
-    def progress(part: dict) -> None:
-        written[part["partition"]] = int(part.get("file", {}).get("rows", 0))
-        line.show(
-            f"enhydra: {len(written)}/{part['partitions']} partitions written "
-            f"({sum(written.values()):,} rows)",
-            now=len(written) == part["partitions"],
-        )
+    def progress(state: dict) -> None:
+        line.show(f"enhydra: {describe_progress(state)}")
 
     try:
         done = asyncio.run(
@@ -145,8 +153,10 @@ def create(app_id: str, conn: Connection, storage: str, timeout: float) -> None:
             )
         )
     except SnapshotError as exc:
+        line.flush()  # the last state of every partition belongs next to the error
         line.clear()
         raise click.ClickException(str(exc)) from exc
+    line.flush()
     line.clear()
     click.echo(json.dumps({k: done[k] for k in ("id", "storage", "rows", "cut", "seconds")}))
 

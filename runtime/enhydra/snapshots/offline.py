@@ -42,10 +42,14 @@ from enhydra.snapshots.format import (
     read_ahead,
     reset_input_offsets,
 )
-from enhydra.snapshots.live import SNAPSHOT_CREATE, SNAPSHOT_DONE, SNAPSHOT_PART, new_snapshot_id
+from enhydra.snapshots.live import new_snapshot_id
+from enhydra.snapshots.progress import SNAPSHOT_CREATE, SNAPSHOT_DONE
+from enhydra.snapshots.progress import Progress as SnapshotProgress
 
 Progress = Callable[[int], None]  # advance by n
 _FOLD_BATCH = 10_000  # events per Arrow batch of the time-travel fold
+ORIGIN = "enhydra-cli"
+ASK_AGAIN_S = 5.0  # a create nobody answered is sent again (instances know it by its id)
 
 
 # ---------------------------------------------------------------------------- live request
@@ -60,11 +64,14 @@ async def request_snapshot(
 ) -> dict[str, Any]:
     """Ask the running application for a snapshot; returns the coordinator's done message.
 
-    With the app's control secret the request is signed and only signed replies count.
+    `progress` gets the snapshot's state per partition (progress.py) whenever it changes. On
+    timeout the error names the partitions still missing and who was last seen on them. With
+    the app's control secret the request is signed and only signed replies count.
     """
     topic = control_topic_name(app_id)
     snapshot_id = new_snapshot_id(app_id)
     conn = as_connection(conn)
+    state = SnapshotProgress(0, timeout)  # the partition count comes with the first announcement
     async with open_consumer(conn) as consumer, open_producer(conn, acks="all") as producer:
         if not await partitions_of(consumer, topic):
             raise SnapshotError(f"no control topic {topic!r}: is {app_id!r} running?")
@@ -76,7 +83,7 @@ async def request_snapshot(
             "type": SNAPSHOT_CREATE,
             "id": snapshot_id,
             "storage": storage,
-            "origin": "enhydra-cli",
+            "origin": ORIGIN,
         }
         verifier = Verifier(secret)
         value, headers = seal(message, secret)
@@ -86,24 +93,40 @@ async def request_snapshot(
         heard = False
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
+            changed = False
             for records in batch.values():
                 for record in records:
                     reply, refused = verifier.check(record.value, record.headers or ())
                     if reply is None or refused or reply.get("id") != snapshot_id:
                         continue
-                    heard = True
-                    if reply.get("type") == SNAPSHOT_PART and progress is not None:
-                        progress(reply)
+                    if reply.get("type") != SNAPSHOT_CREATE or reply.get("origin") != ORIGIN:
+                        heard = True  # not just our own request coming back
                     if reply.get("type") == SNAPSHOT_DONE:
                         if reply.get("error"):
                             raise SnapshotError(f"snapshot {snapshot_id} failed: {reply['error']}")
                         return reply
-            if not heard and time.monotonic() - last_ask > 15:
-                # Nobody coordinated (e.g. a rebalance was moving partition 0): ask again.
+                    if isinstance(reply.get("partitions"), int):
+                        state.partitions = reply["partitions"]
+                    state.on_message(reply, time.time())
+                    changed = True
+            snapshot = state.snapshots.get(snapshot_id)
+            if changed and progress is not None and snapshot is not None and state.partitions:
+                progress(snapshot.describe(state.partitions, time.time()))
+            if not heard and time.monotonic() - last_ask > ASK_AGAIN_S:
+                # Nobody answered (no instance read it yet, e.g. all were restarting): again.
                 value, headers = seal(message, secret)  # a fresh nonce: not a replay
                 await producer.send_and_wait(topic, value, headers=headers)
                 last_ask = time.monotonic()
-        raise SnapshotError(f"no answer for snapshot {snapshot_id} within {timeout}s")
+        snapshot = state.snapshots.get(snapshot_id)
+        if snapshot is None or not state.partitions:
+            raise SnapshotError(
+                f"no answer for snapshot {snapshot_id} within {timeout:g}s: is {app_id!r} "
+                "running, with the same ENHYDRA_CONTROL_SECRET and ENHYDRA_SNAPSHOT_STORAGE?"
+            )
+        raise SnapshotError(
+            f"snapshot {snapshot_id} not done within {timeout:g}s: "
+            f"{snapshot.why_missing(state.partitions)}"
+        )
 
 
 # ---------------------------------------------------------------------------- clone, restore

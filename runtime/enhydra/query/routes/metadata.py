@@ -10,6 +10,7 @@ from aiohttp import web
 from enhydra.query import metadata as meta
 from enhydra.query.api import ApiContext, json_response
 from enhydra.query.openapi import Param, Route, key_param, store_param
+from enhydra.snapshots.live import in_progress
 
 PEER_STATS_TIMEOUT_S = 1.5
 
@@ -26,6 +27,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         report = own_report()
         report["plugins"] = ctx.plugins()
         report["dlq"] = await ctx.dlq()
+        report["snapshots"] = in_progress()  # under way, per partition
         return json_response(report)
 
     async def metadata(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -101,7 +103,8 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/v1/stats",
             stats,
-            "this instance's tasks, counters, projections and recent rejections; the DLQ's size",
+            "this instance's tasks, counters, projections, recent rejections and the snapshots "
+            "under way; the DLQ's size",
             "metadata",
             "query",
             responses=(200, 503),
