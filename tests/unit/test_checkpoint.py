@@ -202,6 +202,16 @@ async def test_a_publish_retry_sends_only_the_batches_that_failed(tmp_path, prod
     assert stores[1].writes == [([(b"k20", b"s20")], 0, 21)]
 
 
+async def test_outputs_placed_by_key_from_two_partitions_all_land(tmp_path, producer) -> None:
+    """A reaction's commands go to their key's partition: two input partitions' batches may
+    place records on one topic-partition, and none of them may be dropped."""
+    commands = "other-commands"
+    first = PartitionWrite(0, {(commands, 1): [(b"a", b"1", None)]}, [], 10)
+    second = PartitionWrite(1, {(commands, 1): [(b"b", b"2", None)]}, [], 20)
+    await at_least_once(tmp_path).begin([first, second], stores_for(0, 1), None).done
+    assert kv(producer.logs[(commands, 1)]) == [(b"a", b"1"), (b"b", b"2")]
+
+
 async def test_a_failed_batch_goes_again_with_the_later_ones_of_its_partition(producer) -> None:
     """Order within a partition is kept: the later batch goes again, after the failed one."""
     records = {(EVENTS, 0): [(b"k", b"x" * 600, None) for _ in range(4)]}
