@@ -29,8 +29,16 @@ LAYERS: list[tuple[str, ...]] = [
         "logs",
     ),
     # concerns over local resources or plain data: RocksDB stores, error policies and the DLQ
-    # format, the snapshot format and storage, projections' fold, plugins, the declaration
-    ("stores", "errors", "projections.model", "snapshots.format", "snapshots.storage"),
+    # format, the snapshot format and storage, projections' fold and reactions' pure part, plugins,
+    # the declaration
+    (
+        "stores",
+        "errors",
+        "projections.model",
+        "reactions.model",
+        "snapshots.format",
+        "snapshots.storage",
+    ),
     ("plugins",),
     ("spec", "topology"),
     # the Kafka access layer: the only place aiokafka clients are built
@@ -38,7 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
     # failure detection (probes peers, removes dead members through kafka.membership)
     ("runner", "control", "assignment.protocol", "failover"),
-    ("processing", "projections", "snapshots", "spark", "admin"),
+    ("processing", "projections", "reactions", "snapshots", "spark", "admin"),
     # the runtime container, and the shells around everything: the CLI, the test kit, the
     # scaffold, and development provisioning (the local broker, the podman image recipe),
     # which no running service imports.
