@@ -160,3 +160,19 @@ def test_declarations_are_checked_with_a_hint() -> None:
         Reaction("r", "ledger", count_deposits, reads=[dict])
     assert COUNT.upstream_topic == "ledger-events"
     assert COUNT.group_id("stats") == "stats-reaction-count"
+
+
+def test_the_driver_feeds_upstream_events_and_a_redelivered_one_changes_nothing() -> None:
+    from enhydra.testing.driver import Driver
+    from tests.reactions.tally_service import service
+
+    driver = Driver(service)
+    driver.feed("tally", "acc", {"type": "opened"})
+    deposited = {"type": "deposited", "amount": 5, "currency": "EUR"}
+    [outcome] = driver.feed("tally", "acc", deposited)
+    assert outcome.accepted and driver.state("acc") == {"events": 2, "net": 5}
+    [again] = driver.feed("tally", "acc", deposited, offset=1)  # Kafka delivers it again
+    assert again.rejection == "duplicate command_id"
+    assert driver.state("acc") == {"events": 2, "net": 5}
+    with pytest.raises(KeyError, match="this service's: tally"):
+        driver.feed("nope", "acc", deposited)

@@ -1,0 +1,73 @@
+"""Two services on the real broker: the ledger, and a tally that reacts to its events.
+
+The fault: kill -9 of the reacting service once while the ledger's events flow. Afterwards
+every account's tally equals an independent model of the ledger's commands (nothing lost,
+nothing applied twice: each redelivered event made a command with the same id, skipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from enhydra.testing.processes import read_topic, wait_for_committed
+from ledger.workload import generate, model
+from tests.integration.ledger_support import ask_all, produce_in_chunks
+
+LEDGER = "ledger.service:service"
+TALLY = "tests.reactions.tally_service:service"
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def read_tallies(instance, accounts: list[str]) -> dict[str, dict]:
+    found = {}
+    for account in accounts:
+        [(status, body)] = ask_all([instance], f"/v1/stores/tallies/keys/{account}")
+        if status == 200:
+            found[account] = body
+        else:
+            assert status == 404, (account, status, body)
+    return found
+
+
+def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    tally_id = f"{app_id}-tally"
+    env = {"ENHYDRA_APP_ID": tally_id, "TALLY_UPSTREAM": app_id}
+    commands = generate(300, 8000, seed=28)
+    ledger = service_factory(LEDGER, "l1")
+    tally = service_factory(TALLY, "t1", state_dir=tmp_path / "t1", extra_env=env)
+    ledger.wait_ready()
+    tally.wait_ready()
+
+    async def kill_midway() -> None:
+        await asyncio.sleep(1.5)
+        tally.kill()
+
+    async def both() -> None:
+        produce = produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands, chunk=500)
+        await asyncio.gather(produce, kill_midway())
+
+    asyncio.run(both())
+    again = service_factory(TALLY, "t1-again", state_dir=tmp_path / "t1", extra_env=env)
+    again.wait_ready()
+
+    async def settled() -> None:
+        await wait_for_committed(kafka_bootstrap, app_id, f"{app_id}-commands", timeout=180)
+        group = f"{tally_id}-reaction-tally"
+        await wait_for_committed(kafka_bootstrap, group, f"{app_id}-events", timeout=180)
+        await wait_for_committed(kafka_bootstrap, tally_id, f"{tally_id}-commands", timeout=180)
+
+    asyncio.run(settled())
+    ledger_model = model(commands)
+    expected = {a: {"events": s["version"], "net": s["balance"]} for a, s in ledger_model.items()}
+    assert read_tallies(again, sorted(expected)) == expected
+    # Every command's id is unique per upstream event; copies (redelivered events) were skipped.
+    written = asyncio.run(read_topic(kafka_bootstrap, f"{tally_id}-commands"))
+    ids = [json.loads(record.value)["command_id"] for record in written]
+    assert len(set(ids)) == sum(state["events"] for state in expected.values())
+    print(f"tally commands written: {len(ids)}, distinct: {len(set(ids))}")
