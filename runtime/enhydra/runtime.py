@@ -273,6 +273,7 @@ class Runtime:
             s.instance_id,
             self.service.aggregate.name,
             projections=lambda: self.projection_host.stores() if self.projection_host else {},
+            reactions=lambda: dict(self.reaction_host.engines) if self.reaction_host else {},
             plugins=lambda: [p.describe() for p in self.service.plugins],
             settings=s,
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),

@@ -23,6 +23,7 @@ class Rec:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp: int = 0
 
 
 def event(offset: int, key: str, body: dict, source: tuple[int, int] | None = None) -> Rec:
@@ -176,3 +177,25 @@ def test_the_driver_feeds_upstream_events_and_a_redelivered_one_changes_nothing(
     assert driver.state("acc") == {"events": 2, "net": 5}
     with pytest.raises(KeyError, match="this service's: tally"):
         driver.feed("nope", "acc", deposited)
+
+
+def test_the_step_applies_the_services_error_policies_to_upstream_records() -> None:
+    """A record a reaction cannot read is dead-lettered with its upstream origin, or stops the
+    worker, as the service's policies say; its good neighbours' commands still go out."""
+    from enhydra.errors.policies import ErrorAction, ErrorPolicies, RecordFailed
+    from enhydra.reactions.engine import ReactionStep
+    from enhydra.runner.tasks import Task
+    from enhydra.settings import Settings
+
+    settings = Settings.from_env({}, app_id="stats", partitions=4)
+    records = [Rec(0, b"k", b"not json"), event(1, "k", {"type": "deposited", "amount": 2})]
+    task = Task(2, store=None)  # type: ignore[arg-type]  # a reaction reads no store
+    dlq = ErrorPolicies(deserialization=ErrorAction.DLQ)
+    out = ReactionStep(settings, COUNT, "stats-commands", dlq, ())(task, records, {})
+    [letter] = out.outputs[settings.dlq_topic]
+    assert letter[0] == b"k" and dict(letter[2])["enhydra.dlq.topic"] == TOPIC.encode()
+    [(place, commands_out)] = [(p, o) for p, o in out.outputs.items() if isinstance(p, tuple)]
+    assert place == ("stats-commands", partition_for(b"k", 4)) and len(commands_out) == 1
+    assert out.failed == ["deserialize:NotAnEvent"] and out.last_offset == 1 and out.puts == []
+    with pytest.raises(RecordFailed):
+        ReactionStep(settings, COUNT, "stats-commands", ErrorPolicies(), ())(task, records, {})

@@ -158,5 +158,6 @@ class ReactionEngine(TaskRunner):
             "input": self.input_topic,
             "ready": self.registry.ready,
             "partitions": {str(p): t.status.value for p, t in sorted(self.registry.tasks.items())},
+            "failures": dict(self.failures),
             **self.stats,
         }

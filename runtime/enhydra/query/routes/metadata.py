@@ -20,6 +20,8 @@ def routes(ctx: ApiContext) -> list[Route]:
     async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:
         report = meta.local_report(ctx.engine(), instance_id, store_name)
         report["projections"] = {n: e.describe() for n, e in sorted(ctx.projections().items())}
+        if reactions := ctx.reactions():
+            report["reactions"] = {n: e.describe() for n, e in sorted(reactions.items())}
         report["plugins"] = ctx.plugins()
         return json_response(report)
 
