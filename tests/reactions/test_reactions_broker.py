@@ -1,14 +1,18 @@
 """Two services on the real broker: the ledger, and a tally that reacts to its events.
 
-The fault: kill -9 of the reacting service once while the ledger's events flow. Afterwards
-every account's tally equals an independent model of the ledger's commands (nothing lost,
-nothing applied twice: each redelivered event made a command with the same id, skipped).
+The fault: kill -9 of the reacting service once while the ledger's events flow, once its
+reaction has made commands. Afterwards every account's tally equals an independent model of
+the ledger's commands (nothing lost, nothing applied twice: each redelivered event made a
+command with the same id, skipped). The tally commits its offsets every 2 s here, so the kill
+leaves commands published but not committed: their events are read again, and the copies
+show up in the commands topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -37,20 +41,34 @@ def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
     service_factory, kafka_bootstrap, app_id, tmp_path
 ):
     tally_id = f"{app_id}-tally"
-    env = {"ENHYDRA_APP_ID": tally_id, "TALLY_UPSTREAM": app_id}
-    commands = generate(300, 8000, seed=28)
+    env = {
+        "ENHYDRA_APP_ID": tally_id,
+        "TALLY_UPSTREAM": app_id,
+        "ENHYDRA_COMMIT_INTERVAL_MS": "2000",
+    }
+    commands = generate(300, 12000, seed=28)
     ledger = service_factory(LEDGER, "l1")
     tally = service_factory(TALLY, "t1", state_dir=tmp_path / "t1", extra_env=env)
     ledger.wait_ready()
     tally.wait_ready()
 
-    async def kill_midway() -> None:
-        await asyncio.sleep(1.5)
-        tally.kill()
+    killed_after: list[int] = []
+
+    async def kill_once_flowing() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status, stats = await asyncio.to_thread(tally.get, "/v1/stats")
+            made = (stats.get("reactions") or {}).get("tally", {}).get("commands", 0)
+            if status == 200 and made >= 2000:  # well past the first commits
+                tally.kill()
+                killed_after.append(made)
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the reaction made no commands within 120 s")
 
     async def both() -> None:
-        produce = produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands, chunk=500)
-        await asyncio.gather(produce, kill_midway())
+        produce = produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands, chunk=300)
+        await asyncio.gather(produce, kill_once_flowing())
 
     asyncio.run(both())
     again = service_factory(TALLY, "t1-again", state_dir=tmp_path / "t1", extra_env=env)
@@ -70,4 +88,9 @@ def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
     written = asyncio.run(read_topic(kafka_bootstrap, f"{tally_id}-commands"))
     ids = [json.loads(record.value)["command_id"] for record in written]
     assert len(set(ids)) == sum(state["events"] for state in expected.values())
-    print(f"tally commands written: {len(ids)}, distinct: {len(set(ids))}")
+    assert len(ids) > len(set(ids)), "the kill left no copy: the dedup path was not exercised"
+    print(f"killed after {killed_after} commands; written {len(ids)}, distinct {len(set(ids))}")
+    _, stats = again.get("/v1/stats")
+    reaction = stats["reactions"]["tally"]
+    assert reaction["input"] == f"{app_id}-events" and reaction["commands"] > 0
+    assert reaction["failures"] == {}
