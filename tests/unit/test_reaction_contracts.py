@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -87,7 +88,7 @@ def test_a_removed_field_the_reaction_reads_is_reported_naming_both_services(pub
 
 def test_a_narrowed_field_is_reported_and_a_removed_type_too() -> None:
     [line] = findings(upstream_topology(DepositedAnyCurrency), [ReadDeposited])
-    assert "currency" in line and "enum" in line
+    assert "$.currency: the upstream writes values outside what is read here" in line
 
     class Closed(msgspec.Struct, tag="closed"):
         pass
@@ -152,3 +153,52 @@ def test_topology_check_fails_on_a_broken_upstream_contract(tmp_path, monkeypatc
     assert broken.exit_code == 1
     assert "INCOMPATIBLE  ledger -> tally: reaction 'tally'" in broken.output
     assert "Traceback" not in broken.output
+
+
+LEDGER = Path(__file__).resolve().parents[2] / "examples" / "ledger"
+
+
+@pytest.mark.parametrize("contract", ["asyncapi.json", "topology.json"])
+def test_the_tally_reads_what_the_ledgers_committed_contract_publishes(contract) -> None:
+    """The untyped ledger lists only the event type it versions: others are not 'removed'."""
+    from enhydra.topology import topology_of
+    from tests.reactions.tally_service import service
+
+    tally = topology_of(service.resolved(plugins=[]))
+    upstream = read_contract(json.loads((LEDGER / contract).read_text()), contract)
+    assert upstream.app_id == "ledger" and upstream.events_topic == "ledger-events"
+    assert not upstream.complete and "deposited" in upstream.events
+    assert check_reactions("tally", tally["reactions"], {"ledger": upstream}) == ([], [])
+
+
+@pytest.mark.parametrize("published", ["topology", "asyncapi"])
+def test_the_tally_fits_the_typed_ledgers_contract(published) -> None:
+    from enhydra.topology import topology_of
+    from ledger.typed import service as typed_ledger
+    from tests.reactions.tally_service import service
+
+    document = topology_of(typed_ledger.resolved(plugins=[]))
+    if published == "asyncapi":
+        document = build_asyncapi(document)
+    upstream = read_contract(document, published)
+    assert upstream.complete and set(upstream.events) == {
+        "opened",
+        "deposited",
+        "withdrawn",
+        "closed",
+    }
+    tally = topology_of(service.resolved(plugins=[]))
+    assert check_reactions("tally", tally["reactions"], {"ledger": upstream}) == ([], [])
+
+
+@pytest.mark.slow
+def test_the_reference_parser_accepts_a_reacting_services_document(tmp_path) -> None:
+    from tests.unit.test_asyncapi_parser import parse, write_document
+
+    path = tmp_path / "tally.json"
+    write_document("tests.reactions.tally_service:service", {}, path)
+    verdict = parse([path])["tally"]
+    errors = [d for d in verdict["diagnostics"] if d["severity"] == "error"]
+    assert verdict["valid"] and errors == [], json.dumps(errors, indent=2)
+    receive = json.loads(path.read_text())["operations"]["react_tally"]
+    assert receive["channel"] == {"$ref": "#/channels/ledger-events"}

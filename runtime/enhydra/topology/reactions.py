@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from enhydra.evolution import TYPE_FIELD
 from enhydra.reactions.model import Reaction
 from enhydra.topology.schema import schema_differences
 
@@ -65,6 +66,9 @@ class Upstream:
     events_topic: str
     events: dict[str, dict[str, Any] | None]  # None: the type is published, its schema unknown
     source: str  # the file it came from
+    # True when the upstream declares every event type it writes (a typed aggregate): a type
+    # it does not list is not written. An untyped one lists only the types it versions.
+    complete: bool = True
 
 
 def read_contract(document: Mapping[str, Any], source: str) -> Upstream:
@@ -88,7 +92,8 @@ def _from_topology(topology: Mapping[str, Any], source: str) -> Upstream:
     for name, event in ((topology.get("messages") or {}).get("events") or {}).items():
         version = str(event.get("version", 1))
         events[name] = (event.get("schemas") or {}).get(version)
-    return Upstream(str(topology.get("app_id")), events_topic, events, source)
+    typed = bool((topology.get("messages") or {}).get("typed"))
+    return Upstream(str(topology.get("app_id")), events_topic, events, source, complete=typed)
 
 
 def _from_asyncapi(document: Mapping[str, Any], source: str) -> Upstream:
@@ -102,12 +107,20 @@ def _from_asyncapi(document: Mapping[str, Any], source: str) -> Upstream:
         raise ContractError(f"{source}: no events channel {events_topic!r} in the document")
     shared = (document.get("components") or {}).get("schemas") or {}
     events: dict[str, dict[str, Any] | None] = {}
+    complete = True
     for name, message in (channel.get("messages") or {}).items():
-        if name in ("event", "anyEvent"):  # an untyped service's catch-all: no type named
+        if name in ("event", "anyEvent"):  # an untyped service's catch-all: any other type
+            complete = False
             continue
         payload = message.get("payload")
         events[name] = _local_refs(payload, shared) if isinstance(payload, Mapping) else None
-    return Upstream(app_id, events_topic, events, source)
+    if not complete:  # an untyped service's listed types carry only their tag, no fields
+        events = {n: None if _tag_only(e) else e for n, e in events.items()}
+    return Upstream(app_id, events_topic, events, source, complete=complete)
+
+
+def _tag_only(schema: Mapping[str, Any] | None) -> bool:
+    return schema is None or set(schema.get("properties") or {}) <= {TYPE_FIELD}
 
 
 def _local_refs(payload: Mapping[str, Any], shared: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,13 +181,16 @@ def check_reactions(
             continue
         for event, reads in sorted((reaction.get("reads") or {}).items()):
             if event not in upstream.events:
+                if not upstream.complete:
+                    continue  # an untyped upstream may write it without listing it
                 details = [f"{upstream.source} no longer lists it (removed or renamed)"]
             elif upstream.events[event] is None or reads is None:
                 continue  # an untyped side: nothing to compare
             else:
+                writes = _untagged(upstream.events[event])
                 details = [
                     _as_contract(detail)
-                    for compatible, detail in schema_differences(upstream.events[event], reads)
+                    for compatible, detail in schema_differences(writes, _untagged(reads))
                     if not compatible
                 ]
             findings += [
@@ -182,6 +198,15 @@ def check_reactions(
                 for detail in details
             ]
     return findings, missing
+
+
+def _untagged(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema without its "type" tag property: the tag is matched by name already, and each
+    side spells it its own way (a const, a one-value enum)."""
+    properties = dict(schema.get("properties") or {})
+    properties.pop(TYPE_FIELD, None)
+    required = [r for r in schema.get("required") or () if r != TYPE_FIELD]
+    return {**schema, "properties": properties, "required": required}
 
 
 # schema.py words its findings for an upgrade (old values, new reader); here the old values
