@@ -448,6 +448,15 @@ async def test_a_committed_transaction_is_not_run_again_when_another_partition_r
     assert [len(stores[p].writes) for p in (0, 1)] == [1, 1]
 
 
+async def test_a_transaction_sends_outputs_placed_by_key_to_their_partition(
+    tmp_path, transactional
+) -> None:
+    unit = await exactly_once(tmp_path, 0)
+    placed = PartitionWrite(0, {("other-commands", 3): [(b"a", b"1", None)]}, [], 10)
+    await unit.begin([placed], stores_for(0), None).done
+    assert kv(transactional[0].logs[("other-commands", 3)]) == [(b"a", b"1")]
+
+
 async def test_a_commit_of_unknown_outcome_stops_the_task_and_is_not_run_again(
     tmp_path, transactional
 ) -> None:
