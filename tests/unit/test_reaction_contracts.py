@@ -202,3 +202,11 @@ def test_the_reference_parser_accepts_a_reacting_services_document(tmp_path) -> 
     assert verdict["valid"] and errors == [], json.dumps(errors, indent=2)
     receive = json.loads(path.read_text())["operations"]["react_tally"]
     assert receive["channel"] == {"$ref": "#/channels/ledger-events"}
+
+
+def test_the_diagram_draws_a_reaction_between_the_two_topics() -> None:
+    from enhydra.topology import to_mermaid
+
+    diagram = to_mermaid(downstream([ReadDeposited]))
+    assert "reaction tally (from ledger)" in diagram
+    assert diagram.count("-->") >= 2
