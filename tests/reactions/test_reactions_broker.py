@@ -1,11 +1,12 @@
 """Two services on the real broker: the ledger, and a tally that reacts to its events.
 
-The fault: kill -9 of the reacting service once while the ledger's events flow, once its
-reaction has made commands. Afterwards every account's tally equals an independent model of
-the ledger's commands (nothing lost, nothing applied twice: each redelivered event made a
-command with the same id, skipped). The tally commits its offsets every 2 s here, so the kill
-leaves commands published but not committed: their events are read again, and the copies
-show up in the commands topic.
+The faults, while the ledger's events flow: kill -9 of the reacting service once its reaction
+has made commands, then kill -9 of the ledger, which may publish some events again at new
+offsets when it restarts (the same source, so the same command ids). Afterwards every
+account's tally equals an independent model of the ledger's commands: nothing lost, nothing
+applied twice. The tally commits its offsets every 2 s here, so its kill leaves commands
+published but not committed: their events are read again, and the copies show up in the
+commands topic, skipped by their ids.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def read_tallies(instance, accounts: list[str]) -> dict[str, dict]:
     return found
 
 
-def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
+def test_each_service_killed_mid_flow_loses_no_command_and_applies_none_twice(
     service_factory, kafka_bootstrap, app_id, tmp_path
 ):
     tally_id = f"{app_id}-tally"
@@ -47,32 +48,46 @@ def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
         "ENHYDRA_COMMIT_INTERVAL_MS": "2000",
     }
     commands = generate(300, 12000, seed=28)
-    ledger = service_factory(LEDGER, "l1")
+    ledger = service_factory(LEDGER, "l1", state_dir=tmp_path / "l1")
     tally = service_factory(TALLY, "t1", state_dir=tmp_path / "t1", extra_env=env)
     ledger.wait_ready()
     tally.wait_ready()
+    killed: dict[str, int] = {}
+    restarted = {}
 
-    killed_after: list[int] = []
-
-    async def kill_once_flowing() -> None:
+    async def kill_when(name, instance, count, at_least: int):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            status, stats = await asyncio.to_thread(tally.get, "/v1/stats")
-            made = (stats.get("reactions") or {}).get("tally", {}).get("commands", 0)
-            if status == 200 and made >= 2000:  # well past the first commits
-                tally.kill()
-                killed_after.append(made)
+            status, stats = await asyncio.to_thread(instance.get, "/v1/stats")
+            done = count(stats) if status == 200 else 0
+            if done >= at_least:
+                instance.kill()
+                killed[name] = done
                 return
             await asyncio.sleep(0.1)
-        raise AssertionError("the reaction made no commands within 120 s")
+        raise AssertionError(f"{name} did not reach {at_least} within 120 s")
 
-    async def both() -> None:
+    def reaction_commands(stats) -> int:
+        return (stats.get("reactions") or {}).get("tally", {}).get("commands", 0)
+
+    async def faults() -> None:
+        # the reaction, well past its first commits; then the upstream, which may publish
+        # events again at new offsets when it restarts (same source, so the same command ids)
+        await kill_when("tally", tally, reaction_commands, 2000)
+        restarted["tally"] = service_factory(
+            TALLY, "t1-again", state_dir=tmp_path / "t1", extra_env=env
+        )
+        await kill_when("ledger", ledger, lambda stats: stats.get("processed", 0), 7000)
+        restarted["ledger"] = service_factory(LEDGER, "l1-again", state_dir=tmp_path / "l1")
+
+    async def flow() -> None:
         produce = produce_in_chunks(kafka_bootstrap, f"{app_id}-commands", commands, chunk=300)
-        await asyncio.gather(produce, kill_once_flowing())
+        await asyncio.gather(produce, faults())
 
-    asyncio.run(both())
-    again = service_factory(TALLY, "t1-again", state_dir=tmp_path / "t1", extra_env=env)
+    asyncio.run(flow())
+    again = restarted["tally"]
     again.wait_ready()
+    restarted["ledger"].wait_ready()
 
     async def settled() -> None:
         await wait_for_committed(kafka_bootstrap, app_id, f"{app_id}-commands", timeout=180)
@@ -89,7 +104,9 @@ def test_a_reaction_killed_mid_flow_loses_no_command_and_applies_none_twice(
     ids = [json.loads(record.value)["command_id"] for record in written]
     assert len(set(ids)) == sum(state["events"] for state in expected.values())
     assert len(ids) > len(set(ids)), "the kill left no copy: the dedup path was not exercised"
-    print(f"killed after {killed_after} commands; written {len(ids)}, distinct {len(set(ids))}")
+    events = asyncio.run(read_topic(kafka_bootstrap, f"{app_id}-events"))
+    copies = len(ids) - len(set(ids))
+    print(f"killed at {killed}; {len(events)} ledger events; {copies} command copies skipped")
     _, stats = again.get("/v1/stats")
     reaction = stats["reactions"]["tally"]
     assert reaction["input"] == f"{app_id}-events" and reaction["commands"] > 0
