@@ -60,6 +60,8 @@ from enhydra.processing.engine import Engine
 from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.host import ProjectionHost
 from enhydra.query.http import AdminRoute, build_app
+from enhydra.reactions.engine import ReactionEngine
+from enhydra.reactions.host import ReactionHost
 from enhydra.runner.registry import Verdict
 from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
 from enhydra.settings import INSTANCE_ID_FILE
@@ -104,6 +106,10 @@ def topic_specs(service: ResolvedService) -> list[TopicSpec]:
         )
         for spec in host.topic_specs():
             specs.setdefault(spec.name, spec)
+    for reaction in service.reactions:
+        engine = ReactionEngine(s, reaction, bound.commands_topic, policies=service.policies)
+        for spec in engine.topic_specs():
+            specs.setdefault(spec.name, spec)
     return list(specs.values())
 
 
@@ -129,6 +135,7 @@ class Runtime:
         self.settings = service.settings
         self.engine: Engine | None = None
         self.projection_host: ProjectionHost | None = None
+        self.reaction_host: ReactionHost | None = None
         self.snapshots: LiveSnapshots | None = None
         self.exit_code = 0
         self.liveness: LivenessEndpoint | None = None
@@ -206,6 +213,7 @@ class Runtime:
         engines = [
             self.engine,
             *(self.projection_host.stores().values() if self.projection_host else ()),
+            *(self.reaction_host.engines.values() if self.reaction_host else ()),
         ]
         for engine in engines:
             if engine is not None:
@@ -215,6 +223,7 @@ class Runtime:
         """The consumer groups this instance is a member of: the aggregate's and projections'."""
         groups = [self.settings.app_id]
         groups += [p.group_id(self.settings.app_id) for p, _ in self.service.projections]
+        groups += [r.group_id(self.settings.app_id) for r in self.service.reactions]
         return groups
 
     async def remove_member(self, instance: str, member: str | None) -> bool:
@@ -265,6 +274,7 @@ class Runtime:
             s.instance_id,
             self.service.aggregate.name,
             projections=lambda: self.projection_host.stores() if self.projection_host else {},
+            reactions=lambda: dict(self.reaction_host.engines) if self.reaction_host else {},
             plugins=lambda: [p.describe() for p in self.service.plugins],
             settings=s,
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),
@@ -421,6 +431,15 @@ class Supervisor:
             aggregate=rt.bound.aggregate,
         )
         await rt.projection_host.start()
+        rt.reaction_host = ReactionHost(
+            s,
+            rt.service.reactions,
+            rt.bound.commands_topic,
+            policies=rt.service.policies,
+            transient=rt.service.spec.transient_errors,
+            shutdown=rt.shutdown,
+        )
+        await rt.reaction_host.start()
         settle_heap()
 
     async def stop(self) -> None:
@@ -433,6 +452,8 @@ class Supervisor:
                 await part.stop()
         for pending in self._handling:
             pending.cancel()
+        if rt.reaction_host is not None:
+            await rt.reaction_host.stop()
         if rt.projection_host is not None:
             await rt.projection_host.stop()
         if rt.snapshots is not None:

@@ -22,6 +22,7 @@ from enhydra.logs import configure_logging, get_logger
 from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
 from enhydra.preflight import StartupConflict, check_web_port, claim_state_dir
 from enhydra.projections.model import Projection
+from enhydra.reactions.model import Reaction
 from enhydra.settings import Settings, SettingsError, unknown_variables
 from enhydra.spec import ResolvedService, ServiceSpec, SnapshotHook, resolve
 
@@ -46,6 +47,7 @@ class Service:
         on_production_error: Handler | None = None,
         on_uncaught_error: UncaughtHandler | None = None,
         projections: Sequence[Projection] = (),
+        reactions: Sequence[Reaction] = (),
         schemas: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> None:
@@ -58,6 +60,8 @@ class Service:
         self.on_uncaught_error = on_uncaught_error
         # Read models built from the events topic (enhydra.projections); plugins add theirs.
         self.projections: list[Projection] = list(projections)
+        # Commands made from other services' events (enhydra.reactions).
+        self.reactions: list[Reaction] = list(reactions)
         # Declared JSON Schemas of key/commands/events/state, compared by `topology check`.
         self.schemas: dict[str, Any] = dict(schemas or {})
         self.defaults: dict[str, Any] = dict(settings)
@@ -82,6 +86,7 @@ class Service:
             app_id=self.app_id,
             aggregate=self.aggregate,
             projections=tuple(self.projections),
+            reactions=tuple(self.reactions),
             schemas=self.schemas,
             transient_errors=self.transient_errors,
             on_deserialization_error=self.on_deserialization_error,

@@ -21,6 +21,7 @@ from enhydra.errors.policies import ErrorPolicies, Handler
 from enhydra.errors.uncaught import UncaughtHandler
 from enhydra.plugins import LoadedPlugin, PluginError, extend
 from enhydra.projections.model import Projection
+from enhydra.reactions.model import Reaction
 from enhydra.settings import Settings
 
 SnapshotHook = Callable[[str, dict[str, Any]], Any]  # (phase, info), sync or async
@@ -37,6 +38,7 @@ class ServiceSpec:
     app_id: str
     aggregate: Aggregate
     projections: tuple[Projection, ...] = ()
+    reactions: tuple[Reaction, ...] = ()  # other services' events -> commands (reactions/)
     # JSON Schemas of key/commands/events/state, compared by `enhydra topology check`.
     schemas: Mapping[str, Any] = field(default_factory=lambda: _frozen(None))
     transient_errors: tuple[type[BaseException], ...] = ()
@@ -93,6 +95,10 @@ class ResolvedService:
     def schemas(self) -> Mapping[str, Any]:
         return self.spec.schemas
 
+    @property
+    def reactions(self) -> tuple[Reaction, ...]:
+        return self.spec.reactions
+
 
 def resolve(
     spec: ServiceSpec, settings: Settings, plugins: Sequence[LoadedPlugin] = ()
@@ -118,4 +124,11 @@ def resolve(
                 f"{seen[projection.name]}; store names must be unique"
             )
         seen[projection.name] = f"projection {projection.name!r} of {origin}"
+    for reaction in spec.reactions:  # its changelog topic is named like a store's
+        if reaction.name in seen:
+            raise PluginError(
+                f"reaction {reaction.name!r} has the same name as {seen[reaction.name]}; "
+                "names of the aggregate, projections and reactions must be unique"
+            )
+        seen[reaction.name] = f"reaction {reaction.name!r}"
     return ResolvedService(spec, settings, aggregate, projections, applying)

@@ -202,6 +202,16 @@ async def test_a_publish_retry_sends_only_the_batches_that_failed(tmp_path, prod
     assert stores[1].writes == [([(b"k20", b"s20")], 0, 21)]
 
 
+async def test_outputs_placed_by_key_from_two_partitions_all_land(tmp_path, producer) -> None:
+    """A reaction's commands go to their key's partition: two input partitions' batches may
+    place records on one topic-partition, and none of them may be dropped."""
+    commands = "other-commands"
+    first = PartitionWrite(0, {(commands, 1): [(b"a", b"1", None)]}, [], 10)
+    second = PartitionWrite(1, {(commands, 1): [(b"b", b"2", None)]}, [], 20)
+    await at_least_once(tmp_path).begin([first, second], stores_for(0, 1), None).done
+    assert kv(producer.logs[(commands, 1)]) == [(b"a", b"1"), (b"b", b"2")]
+
+
 async def test_a_failed_batch_goes_again_with_the_later_ones_of_its_partition(producer) -> None:
     """Order within a partition is kept: the later batch goes again, after the failed one."""
     records = {(EVENTS, 0): [(b"k", b"x" * 600, None) for _ in range(4)]}
@@ -436,6 +446,15 @@ async def test_a_committed_transaction_is_not_run_again_when_another_partition_r
         (1, 0, 21),
     ]
     assert [len(stores[p].writes) for p in (0, 1)] == [1, 1]
+
+
+async def test_a_transaction_sends_outputs_placed_by_key_to_their_partition(
+    tmp_path, transactional
+) -> None:
+    unit = await exactly_once(tmp_path, 0)
+    placed = PartitionWrite(0, {("other-commands", 3): [(b"a", b"1", None)]}, [], 10)
+    await unit.begin([placed], stores_for(0), None).done
+    assert kv(transactional[0].logs[("other-commands", 3)]) == [(b"a", b"1")]
 
 
 async def test_a_commit_of_unknown_outcome_stops_the_task_and_is_not_run_again(

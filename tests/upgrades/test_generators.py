@@ -46,6 +46,7 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
         ("handler", "restock"),
         ("handler", "audit_note"),
         ("projection", "tool_activity"),
+        ("reaction", "supplier_sync", "--from", "suppliers"),
         ("job", "weekly_report"),
     ):
         result = enhydra(project, "generate", *args)
@@ -62,7 +63,12 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
     assert set(kept.values()) == {"passed"}, kept
     new = {name: outcome for name, outcome in after.items() if name not in before}
     assert len(new) >= 14 and set(new.values()) == {"passed"}, new
-    for prefix in ("test_handler_restock", "test_projection_tool_activity", "test_job_weekly"):
+    for prefix in (
+        "test_handler_restock",
+        "test_projection_tool_activity",
+        "test_reaction_supplier_sync",
+        "test_job_weekly",
+    ):
         assert any(prefix in name for name in new), (prefix, sorted(new))
 
     for args in (["check", "."], ["format", "--check", "."]):
@@ -76,6 +82,8 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "projection tool_activity: projection added" in check.stdout
+    assert "reaction supplier_sync: reaction added" in check.stdout
+    assert "no contract of suppliers is here" in check.stdout
     shown = json.loads(enhydra(project, "topology", "show", "tool_shed.service:service").stdout)
     assert shown["handlers"][0]["decide"]["restock"] == "tool_shed.handlers.restock:decide"
     # the handlers' types are part of the contract: topology, and asyncapi.json (its test
@@ -108,5 +116,7 @@ def test_refuses_a_bad_name_an_existing_piece_and_a_foreign_folder(
     assert enhydra(project, "generate", "job", "nightly").returncode == 0
     again = enhydra(project, "generate", "job", "nightly")
     assert again.returncode == 1 and "nightly.py already exists" in again.stderr
+    unsourced = enhydra(project, "generate", "reaction", "sync")
+    assert unsourced.returncode == 1 and "--from APP" in unsourced.stderr
     elsewhere = enhydra(tmp_path, "generate", "job", "x")
     assert elsewhere.returncode == 1 and "no pyproject.toml" in elsewhere.stderr

@@ -1,9 +1,10 @@
-"""`enhydra generate handler|projection|job NAME`: grow a generated service, with tests.
+"""`enhydra generate handler|projection|reaction|job NAME`: grow a generated service, with tests.
 
 Renders a template from `generators/<kind>/` into the service found from the current
 directory (its pyproject.toml names the package), then wires the piece in where the service
 will pick it up: a registry module per kind (`PKG/handlers/__init__.py` with HANDLERS,
-`PKG/projections/__init__.py` with PROJECTIONS) that this command rewrites, plus a short block
+`PKG/projections/__init__.py` with PROJECTIONS, `PKG/reactions/__init__.py` with REACTIONS)
+that this command rewrites, plus a short block
 appended once to `PKG/domain.py` or `PKG/service.py`. Existing files are never overwritten.
 """
 
@@ -243,11 +244,61 @@ def generate_projection(project: Project, name: str) -> list[Path]:
     return files
 
 
+def generate_reaction(project: Project, name: str, source: str) -> list[Path]:
+    files = render("reaction", project, name, source=source)
+    files.append(
+        write_registry(
+            project,
+            "reactions",
+            "reaction",
+            "REACTIONS",
+            "Reactions to other services' events added by `enhydra generate reaction`.",
+        )
+    )
+    service_py = project.package_dir / "service.py"
+    service, _ = _assigned_call(service_py, "Service")
+    marker = f"from {project.package}.reactions import REACTIONS"
+    block = (
+        "# Reactions to other services' events added by `enhydra generate reaction`:\n"
+        f"# one module each in {project.package}/reactions/.\n"
+        f"{marker}  # noqa: E402\n\n"
+        f"{service}.reactions.extend(REACTIONS)\n"
+    )
+    if wire_once(service_py, marker, block):
+        files.append(service_py)
+    return files
+
+
 def generate_job(project: Project, name: str) -> list[Path]:
     return render("job", project, name)
 
 
-KINDS = {"handler": generate_handler, "projection": generate_projection, "job": generate_job}
+KINDS = {
+    "handler": generate_handler,
+    "projection": generate_projection,
+    "reaction": generate_reaction,
+    "job": generate_job,
+}
+APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def check_source(kind: str, source: str | None) -> dict[str, str]:
+    """A reaction names the upstream service it reacts to; nothing else takes --from."""
+    if kind != "reaction":
+        if source is not None:
+            raise GenerateError(f"--from is for reactions only, not for a {kind}")
+        return {}
+    if source is None:
+        raise GenerateError(
+            "a reaction reacts to another service's events: name its app id with --from APP, "
+            "e.g. enhydra generate reaction reserve_stock --from orders"
+        )
+    if not APP_ID.match(source):
+        raise GenerateError(
+            f"--from {source!r}: an app id is letters, digits, '.', '_' or '-' (its events "
+            "topic is <app id>-events)"
+        )
+    return {"source": source}
 
 
 @click.command()
@@ -259,17 +310,27 @@ KINDS = {"handler": generate_handler, "projection": generate_projection, "job": 
     default=Path("."),
     help="The service project (default: the current directory or one above it).",
 )
-def generate(kind: str, name: str, project: Path) -> None:
-    """Add a handler, projection or job NAME (with tests) to a generated service.
+@click.option(
+    "--from",
+    "source",
+    metavar="APP",
+    help="For a reaction: the app id of the service whose events it reacts to.",
+)
+def generate(kind: str, name: str, project: Path, source: str | None) -> None:
+    """Add a handler, projection, reaction or job NAME (with tests) to a generated service.
+
+    A reaction turns the events of the service APP (--from) into commands of this one.
 
     \b
     Examples:
       enhydra generate handler restock
       enhydra generate projection daily_totals --project ~/src/billing
+      enhydra generate reaction reserve_stock --from orders
     """
     require_dev_tools("generate")
+    extra = check_source(kind, source)
     found = find_project(project.resolve())
-    for path in KINDS[kind](found, check_name(name)):
+    for path in KINDS[kind](found, check_name(name), **extra):
         click.echo(f"wrote {path.relative_to(found.root)}")
     if kind != "job" and (found.root / ASYNCAPI_FILE).exists():
         refresh_asyncapi(found.root)

@@ -25,6 +25,13 @@ from enhydra.topology import (
     validate,
     verdict,
 )
+from enhydra.topology.reactions import (
+    CONTRACTS_DIR,
+    ContractError,
+    Upstream,
+    check_reactions,
+    read_contract,
+)
 
 BASELINE = "topology.json"
 
@@ -106,12 +113,24 @@ def show(target: str | None, fmt: str, output: Path | None) -> None:
     help="Check the running cluster's topics (ENHYDRA_BOOTSTRAP_SERVERS, the service's "
     "settings): partitions, compaction, retention, replication, min ISR.",
 )
+@click.option(
+    "--upstream",
+    "upstreams",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="An upstream service's contract (its AsyncAPI document or topology.json), checked "
+    "against what TARGET's reactions read [default: contracts/*.json next to the baseline].",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def check(target: str | None, against: Path | None, live: bool, fmt: str) -> None:
+def check(
+    target: str | None, against: Path | None, live: bool, upstreams: tuple[Path, ...], fmt: str
+) -> None:
     """Compare TARGET (MODULE:ATTR; default: the project's) with the deployed topology; exit 1
     if a change is incompatible.
 
     A baseline marked `"deployed": false` (see `topology lock`) only reports the changes.
+    A service with reactions is also checked against its upstreams' contracts: an event type
+    or field a reaction reads that the upstream no longer writes as read fails the check.
     With --live, TARGET's topics on the cluster are checked as a start would check them:
     exit 1 when one would refuse the start (each line says the fix).
 
@@ -128,7 +147,47 @@ def check(target: str | None, against: Path | None, live: bool, fmt: str) -> Non
     target, against = locate(target, against, "topology check")
     if live:
         _check_live(target, fmt)
-    _check_against(target, against, fmt)
+    _check_against(target, against, fmt, upstreams or _contract_files(against))
+
+
+def _contract_files(baseline: Path) -> tuple[Path, ...]:
+    folder = baseline.parent / CONTRACTS_DIR
+    return tuple(sorted(folder.glob("*.json"))) if folder.is_dir() else ()
+
+
+def _upstream_contracts(paths: tuple[Path, ...]) -> dict[str, Upstream]:
+    contracts: dict[str, Upstream] = {}
+    for path in paths:
+        try:
+            document = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise click.ClickException(f"{path}: no such file") from None
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise click.ClickException(f"{path}: not an AsyncAPI document or a topology")
+        try:
+            upstream = read_contract(document, str(path))
+        except ContractError as exc:
+            raise click.ClickException(str(exc)) from None
+        contracts[upstream.app_id] = upstream
+    return contracts
+
+
+def _reaction_report(new: dict, upstreams: tuple[Path, ...]) -> tuple[list, list[str]]:
+    """Findings against the upstreams' contracts, and a warning per upstream without one."""
+    section = new.get("reactions") or []
+    if not section:
+        return [], []
+    findings, missing = check_reactions(new["app_id"], section, _upstream_contracts(upstreams))
+    sources = {r["name"]: r["source"] for r in section}
+    warnings = [
+        f"warning: reaction {name!r} reads {sources[name]}'s events but no contract of "
+        f"{sources[name]} is here: save its `enhydra asyncapi` output as "
+        f"{CONTRACTS_DIR}/{sources[name]}.json (or pass --upstream FILE)"
+        for name in missing
+    ]
+    return findings, warnings
 
 
 def _check_live(target: str, fmt: str) -> None:
@@ -166,9 +225,10 @@ def _check_live(target: str, fmt: str) -> None:
         sys.exit(1)
 
 
-def _check_against(target: str, against: Path, fmt: str) -> None:
+def _check_against(target: str, against: Path, fmt: str, upstreams: tuple[Path, ...]) -> None:
     old = read_topology(against)
     new = _topology(target)
+    broken, warnings = _reaction_report(new, upstreams)
     changes = compare(old, new)
     path = verdict(changes)
     deployed = is_deployed(old)
@@ -183,6 +243,12 @@ def _check_against(target: str, against: Path, fmt: str) -> None:
             "upgrade": str(path) if path is not None else None,
             "changes": [c.to_json() for c in changes],
         }
+        if new.get("reactions"):
+            report["upstreams"] = {
+                "compatible": not broken,
+                "findings": [{**vars(f), "line": f.line()} for f in broken],
+                "warnings": warnings,
+            }
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(render(changes, app_id=new["app_id"], against=str(against)))
@@ -192,7 +258,13 @@ def _check_against(target: str, against: Path, fmt: str) -> None:
                 "`enhydra topology lock` rewrites it, `enhydra topology lock --deployed` after "
                 "the first deploy"
             )
-    if incompatible:
+        for finding in broken:
+            click.echo(f"INCOMPATIBLE  {finding.line()}")
+        for warning in warnings:
+            click.echo(warning)
+        if new.get("reactions") and not broken:
+            click.echo("upstream contracts: every event a reaction reads still fits")
+    if incompatible or broken:
         sys.exit(1)
 
 

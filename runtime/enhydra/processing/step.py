@@ -203,36 +203,55 @@ class AggregateStep:
         )
 
     def _dead_letters(self, partition: int, failures: list[Failure], limit: int) -> list[Out]:
-        """Apply each failure's policy: dead letters to publish, a log line, or stop.
+        return dead_letters(
+            failures,
+            self.policies,
+            self.settings,
+            topic=self.aggregate.commands_topic,
+            partition=partition,
+            limit=limit,
+        )
 
-        A dead letter too large for the DLQ is cut to fit (errors/dlq.py `within`), not lost.
-        """
-        s = self.settings
-        topic = self.aggregate.commands_topic
-        letters: list[Out] = []
-        for failure in failures:
-            action = self.policies.action(failure)
-            context = {
-                "stage": str(failure.stage),
-                "partition": partition,
-                "offset": failure.record.offset,
-                "key": failure.key,
-                "error": f"{type(failure.error).__name__}: {failure.error}",
-                "attempts": failure.attempts,
-            }
-            if fails(action):
-                log.error("record failed; stopping the worker", action=str(action), **context)
-                raise RecordFailed(failure, topic, partition)
-            if action is ErrorAction.DLQ:
-                headers = dead_letter_headers(
-                    failure,
-                    topic=topic,
-                    partition=partition,
-                    app_id=s.app_id,
-                    instance_id=s.instance_id,
-                )
-                letters.append(within(failure.record.key, failure.record.value, headers, limit))
-                log.warning("record sent to the dead-letter queue", dlq=s.dlq_topic, **context)
-            else:
-                log.warning("record skipped", action=str(action), **context)
-        return letters
+
+def dead_letters(
+    failures: list[Failure],
+    policies: ErrorPolicies,
+    settings: Settings,
+    *,
+    topic: str,
+    partition: int,
+    limit: int,
+) -> list[Out]:
+    """Apply each failure's policy: dead letters to publish, a log line, or stop.
+
+    `topic` and `partition` are where the failed records came from. A dead letter too large
+    for the DLQ is cut to fit (errors/dlq.py `within`), not lost.
+    """
+    s = settings
+    letters: list[Out] = []
+    for failure in failures:
+        action = policies.action(failure)
+        context = {
+            "stage": str(failure.stage),
+            "partition": partition,
+            "offset": failure.record.offset,
+            "key": failure.key,
+            "error": f"{type(failure.error).__name__}: {failure.error}",
+            "attempts": failure.attempts,
+        }
+        if fails(action):
+            log.error("record failed; stopping the worker", action=str(action), **context)
+            raise RecordFailed(failure, topic, partition)
+        if action is ErrorAction.DLQ:
+            headers = dead_letter_headers(
+                failure,
+                topic=topic,
+                partition=partition,
+                app_id=s.app_id,
+                instance_id=s.instance_id,
+            )
+            letters.append(within(failure.record.key, failure.record.value, headers, limit))
+            log.warning("record sent to the dead-letter queue", dlq=s.dlq_topic, **context)
+        else:
+            log.warning("record skipped", action=str(action), **context)
+    return letters

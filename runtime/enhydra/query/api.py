@@ -103,6 +103,7 @@ class ApiContext:
     peers: Peers
     latency: Histogram
     projections: Callable[[], Mapping[str, ProjectionEngine]] = dict
+    reactions: Callable[[], Mapping[str, Any]] = dict  # name -> ReactionEngine (describe())
     plugins: Callable[[], list[Any]] = list
     shutdown: Callable[[], None] | None = None
     admin_routes: Iterable[AdminRoute] = ()

@@ -51,6 +51,7 @@ def build_app(
     shutdown: Callable[[], None] | None = None,
     admin_routes: Iterable[AdminRoute] = (),
     projections: Callable[[], Mapping[str, Any]] | None = None,
+    reactions: Callable[[], Mapping[str, Any]] | None = None,
     plugins: Callable[[], list[Any]] | None = None,
     asyncapi: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
@@ -60,7 +61,8 @@ def build_app(
     (method, path, handler(request, body)) endpoints other parts of the runtime add, guarded by
     the admin token. `projections` returns the read models hosted here (name -> engine); they
     answer key queries from this instance's partitions only, since their consumer groups are
-    balanced apart from the aggregate's. `asyncapi` builds the service's AsyncAPI document
+    balanced apart from the aggregate's. `reactions` returns the reactions' engines, whose
+    stats /v1/stats reports. `asyncapi` builds the service's AsyncAPI document
     (GET /v1/asyncapi.json, built once on first request).
     """
     config = ApiConfig.of(settings)
@@ -77,6 +79,7 @@ def build_app(
             "time to answer an HTTP request (key queries, scans, metadata, ...)",
         ),
         projections=projections or dict,
+        reactions=reactions or dict,
         plugins=plugins or list,
         shutdown=shutdown,
         admin_routes=tuple(admin_routes),

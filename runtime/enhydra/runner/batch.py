@@ -13,13 +13,21 @@ from typing import Any, Protocol
 # (key, value, headers) of one output record; its topic and partition are where it is grouped.
 Out = tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]
 Put = tuple[bytes, bytes | None]  # a changelog record: key, new value (None deletes)
+# Where outputs go: a topic name (the input's partition number, co-partitioned outputs such as
+# events), or (topic, partition) for records placed by their key (a reaction's commands).
+Target = str | tuple[str, int]
+
+
+def placed(target: Target, partition: int) -> tuple[str, int]:
+    """The topic-partition of outputs grouped under `target` in `partition`'s batch."""
+    return target if isinstance(target, tuple) else (target, partition)
 
 
 @dataclass(slots=True)
 class StepOutput:
     """What the pure step made of one partition's records."""
 
-    outputs: dict[str, list[Out]]  # topic -> records published before the changelog
+    outputs: dict[Target, list[Out]]  # records published before the changelog
     puts: list[Put]  # changelog records: the store's new values
     last_offset: int  # the last record handled (the next to read is last_offset + 1)
     counts: dict[str, int] = field(default_factory=dict)  # added to the runner's stats
@@ -35,7 +43,7 @@ class PartitionWrite:
     """What one partition's batch must make durable."""
 
     partition: int
-    outputs: Mapping[str, list[Out]]  # topic -> records, published before the changelog
+    outputs: Mapping[Target, list[Out]]  # records, published before the changelog
     puts: list[Put]
     last_offset: int  # the last input record handled; -1 when none was
     rows: Any = None  # StepOutput.rows, for a commit unit of another kind

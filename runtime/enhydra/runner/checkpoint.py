@@ -59,7 +59,7 @@ from enhydra.kafka.liveness import GroupLiveness
 from enhydra.kafka.reading import ReadStalled, read_spans
 from enhydra.kafka.topics import max_message_bytes
 from enhydra.logs import get_logger
-from enhydra.runner.batch import Out, PartitionWrite
+from enhydra.runner.batch import Out, PartitionWrite, placed
 from enhydra.runner.fencing import Range, gaps, next_epoch, stale_keys
 from enhydra.settings import Settings
 from enhydra.stores.partition import PartitionStore
@@ -414,12 +414,11 @@ class AtLeastOnce:
         try:
             if after is not None:
                 await after.published
-            outputs = {
-                (topic, write.partition): records
-                for write in batch
-                for topic, records in write.outputs.items()
-                if records
-            }
+            outputs: dict[tuple[str, int], list[Out]] = {}
+            for write in batch:  # two partitions' batches may write to one topic-partition
+                for target, records in write.outputs.items():
+                    if records:
+                        outputs.setdefault(placed(target, write.partition), []).extend(records)
             flight.sent_at = time.time()
             await self._publish(outputs, guard)
             flight.published_at = time.time()
@@ -735,11 +734,10 @@ class ExactlyOnce:
         producer = self._producers[write.partition]
         await producer.begin_transaction()
         try:
-            for topic, records in write.outputs.items():
+            for target, records in write.outputs.items():
+                topic, partition = placed(target, write.partition)
                 for key, value, headers in records:
-                    await producer.send(
-                        topic, value, key=key, partition=write.partition, headers=headers
-                    )
+                    await producer.send(topic, value, key=key, partition=partition, headers=headers)
             futures = [
                 await producer.send(self.changelog_topic, v, key=k, partition=write.partition)
                 for k, v in write.puts

@@ -12,7 +12,9 @@ running service agree on every topic name, partition count and schema:
   current version; older versions are listed under `x-enhydra-versions` (the parser accepts
   extensions anywhere, and one message per type keeps a consumer's switch on `type` simple);
 - operations: the service receives commands and sends events, rejections and dead letters;
-  each projection receives the events in its own consumer group.
+  each projection receives the events in its own consumer group; each reaction receives an
+  upstream service's events (a channel of its own, with the types it reads) in its group and
+  sends commands to this service's or another service's commands topic.
 """
 
 from __future__ import annotations
@@ -422,6 +424,8 @@ def build_asyncapi(
             projection["group"],
         )
 
+    _reaction_operations(topology, channels, operations, schemas, replicas)
+
     info: dict[str, Any] = {
         "title": app_id,
         "version": "0",  # the contract's digest, set below
@@ -455,6 +459,63 @@ def build_asyncapi(
     }
     info["version"] = "sha256:" + hashlib.sha256(canonical_json(contract)).hexdigest()[:16]
     return document
+
+
+def _reaction_operations(
+    topology: Mapping[str, Any],
+    channels: dict[str, Any],
+    operations: dict[str, Any],
+    schemas: _Schemas,
+    replicas: int | None,
+) -> None:
+    """The upstream channels reactions receive from, and the commands topics they send to."""
+    key = {"type": "string", "description": "the upstream's aggregate key, UTF-8"}
+    for reaction in topology.get("reactions") or ():
+        source, topic = reaction["source"], reaction["input"]
+        reads = reaction.get("reads") or {}
+        messages = {
+            name: _message(
+                name,
+                f"{source}'s event {name!r}, as reaction {reaction['name']!r} reads it",
+                schemas.payload(schema) if schema is not None else _generic("event", name),
+                key,
+            )
+            for name, schema in reads.items()
+        } or {"event": _message("event", f"any event of {source}", _generic("event"), key)}
+        channel = channels.setdefault(
+            topic,
+            _channel(
+                {"name": topic, "partitions": reaction["partitions"]},
+                None,
+                {},
+                f"{source}'s events (another service's topic)",
+            ),
+        )
+        channel["messages"].update(messages)
+        operations[_operation_id("react", reaction["name"])] = _operation(
+            "receive",
+            topic,
+            messages,
+            f"reaction {reaction['name']!r} turns {source}'s events into commands",
+            reaction["group"],
+        )
+        for target in reaction.get("sends") or ():
+            if target not in channels:  # another service's commands topic
+                command = {"command": _message("command", "a command", _generic("command"), key)}
+                channels[target] = _channel(
+                    {"name": target, "partitions": reaction["partitions"]},
+                    replicas,
+                    command,
+                    "another service's commands",
+                )
+            sent = channels[target]["messages"]
+            operations[_operation_id("react", reaction["name"], "send", target)] = _operation(
+                "send",
+                target,
+                sent,
+                f"commands made by reaction {reaction['name']!r}",
+                None,
+            )
 
 
 def asyncapi_of(

@@ -245,6 +245,35 @@ def _projections(old: list, new: list) -> list[Change]:
     return changes
 
 
+def _reactions(old: list, new: list) -> list[Change]:
+    """A reaction's group holds how far it has read upstream: a new group (or input) reads the
+    upstream's whole history again, and commands older than dedup_window would apply twice."""
+    changes: list[Change] = []
+    old_by, new_by = _by_name(old), _by_name(new)
+    for name in sorted(new_by.keys() - old_by.keys()):
+        detail = f"reaction added: reads {new_by[name].get('input')} from its start"
+        changes.append(_ok(f"reaction {name}", detail))
+    for name in sorted(old_by.keys() - new_by.keys()):
+        detail = f"reaction removed: its group {old_by[name].get('group')} stays until deleted"
+        changes.append(_ok(f"reaction {name}", detail))
+    for name in sorted(old_by.keys() & new_by.keys()):
+        subject = f"reaction {name}"
+        o, n = old_by[name], new_by[name]
+        for field in ("input", "group"):
+            if o.get(field) != n.get(field):
+                detail = (
+                    f"{field} changed: {o.get(field)} -> {n.get(field)} (the upstream's history "
+                    "is read again from its start)"
+                )
+                changes.append(_bad(subject, detail))
+        if o.get("sends") != n.get("sends"):
+            detail = f"sends to {o.get('sends')} -> {n.get('sends')}"
+            changes.append(_ok(subject, detail))
+        if o.get("react") != n.get("react") or o.get("code") != n.get("code"):
+            changes.append(_ok(subject, "react logic changed (applies to events read from now)"))
+    return changes
+
+
 def _internal(old: list, new: list) -> list[Change]:
     changes = []
     old_roles = {(t.get("role"), t["name"]) for t in old if t.get("role") in ("dlq", "control")}
@@ -453,6 +482,7 @@ def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     changes += _stores(old["stores"], new["stores"])
     changes += _handlers(old["handlers"], new["handlers"])
     changes += _projections(old["projections"], new["projections"])
+    changes += _reactions(old.get("reactions") or [], new.get("reactions") or [])
     changes += _internal(old["internal_topics"], new["internal_topics"])
     changes += _messages(old.get("messages"), new.get("messages"))
     return changes

@@ -16,7 +16,8 @@ def _label(text: str) -> str:
 
 
 def to_mermaid(topology: Mapping[str, Any]) -> str:
-    """Topics as stadiums, the aggregate and projections as boxes, stores as cylinders."""
+    """Topics as stadiums, the aggregate, projections and reactions as boxes, stores as
+    cylinders."""
     lines = ["flowchart LR"]
     handlers = {h.get("store"): h for h in topology.get("handlers", [])}
     store_names = [s["name"] for s in topology["stores"]]
@@ -58,4 +59,15 @@ def to_mermaid(topology: Mapping[str, Any]) -> str:
         lines.append(f"  {_id('topic', projection['source'])} --> {pid}")
         lines.append(f"  {pid} <--> {sid}")
         lines.append(f"  {sid} -. changelog .-> {cid}")
+    for reaction in topology.get("reactions", []):
+        rid = _id("reaction", reaction["name"])
+        label = f"reaction {reaction['name']} (from {reaction['source']})"
+        lines.append(f"  {rid}[{_label(label)}]")
+        tid = _id("topic", reaction["input"])
+        lines.append(f"  {tid}([{_label(reaction['input'])}])")
+        lines.append(f"  {tid} --> {rid}")
+        for target in reaction.get("sends", []):
+            sent = _id("topic", target)
+            lines.append(f"  {sent}([{_label(target)}])")
+            lines.append(f"  {rid} --> {sent}")
     return "\n".join(lines) + "\n"

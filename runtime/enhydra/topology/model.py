@@ -2,8 +2,9 @@
 
 Built from the service definition and its settings only (no broker): the input topics with
 their partition counts, the stores with their changelogs, key/value serdes and declared value
-schemas, the handlers (qualified names and a digest of their source), the internal topics and
-the projections. `enhydra topology show` prints it; `enhydra topology check` compares two.
+schemas, the handlers (qualified names and a digest of their source), the internal topics,
+the projections and the reactions. `enhydra topology show` prints it; `enhydra topology check`
+compares two.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from enhydra.contracts.fingerprint import fingerprint
 from enhydra.contracts.names import control_topic_name
 from enhydra.plugins import message_types
 from enhydra.projections.model import Projection
+from enhydra.reactions.model import Reaction
 from enhydra.spec import ResolvedService
 
 if TYPE_CHECKING:
@@ -182,8 +184,12 @@ def build_topology(
     projections: Sequence[tuple[Projection, str | None]] = (),
     schemas: Mapping[str, Any] | None = None,
     commands_topic: str | None = None,
+    reactions: Sequence[Reaction] = (),
 ) -> dict[str, Any]:
-    """The topology of one service as JSON-ready data (pure: no settings, no broker)."""
+    """The topology of one service as JSON-ready data (pure: no settings, no broker).
+
+    A service with reactions gets a `reactions` section (absent otherwise, so the topology of a
+    service without any is what it was before reactions existed)."""
     bound = aggregate.bind(app_id)
     if commands_topic:  # the settings may point the service at another input topic
         bound = dataclasses.replace(bound, commands_topic=commands_topic)
@@ -228,7 +234,24 @@ def build_topology(
                 "code": code_digest(projection.project),
             }
         )
-    return {
+    reacting = []
+    if reactions:
+        from enhydra.topology.reactions import reaction_section
+
+        reacting = reaction_section(
+            reactions, app_id, bound.commands_topic, partitions, code_digest
+        )
+        for reaction in reacting:
+            internal.append(
+                {
+                    "name": reaction["changelog"],
+                    "role": "changelog",
+                    "reaction": reaction["name"],
+                    "partitions": partitions,
+                    "compacted": True,
+                }
+            )
+    topology = {
         "format": FORMAT,
         "app_id": app_id,
         "partitions": partitions,
@@ -286,6 +309,9 @@ def build_topology(
         "internal_topics": internal,
         "projections": projected,
     }
+    if reacting:
+        topology["reactions"] = reacting
+    return topology
 
 
 def topology_of(service: Service | ResolvedService) -> dict[str, Any]:
@@ -304,6 +330,7 @@ def topology_of(service: Service | ResolvedService) -> dict[str, Any]:
         projections=list(resolved.projections),
         schemas=resolved.schemas,
         commands_topic=resolved.bound.commands_topic,
+        reactions=resolved.reactions,
     )
     return {"format": topology.pop("format"), "fingerprint": fingerprint(topology), **topology}
 

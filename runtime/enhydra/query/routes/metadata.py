@@ -21,6 +21,8 @@ def routes(ctx: ApiContext) -> list[Route]:
     def own_report() -> dict[str, Any]:
         report = meta.local_report(ctx.engine(), instance_id, store_name)
         report["projections"] = meta.projections_report(ctx.projections())
+        if reactions := ctx.reactions():
+            report["reactions"] = {n: e.describe() for n, e in sorted(reactions.items())}
         return report
 
     async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:

@@ -1,0 +1,163 @@
+"""A reaction's engine: the task runner with a reaction as its step.
+
+It runs beside the aggregate's engine in the same process with its own consumer group on the
+upstream events topic. A batch goes through the same commit unit as everything else
+(runner/checkpoint.py): react (pure), publish the commands, record the input offset in the
+task's store, commit the upstream offsets (every commit_interval_ms, or in the transaction
+with exactly_once). A crash anywhere reads upstream events again; the commands they make
+carry the same ids, and the aggregate skips them (model.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from enhydra.contracts.sizes import MAX_REQUEST_SIZE
+from enhydra.errors.policies import ErrorPolicies
+from enhydra.kafka.clients import open_admin
+from enhydra.kafka.topics import TopicSpec, partition_counts
+from enhydra.processing.step import dead_letters
+from enhydra.reactions.model import Reaction, react_batch
+from enhydra.runner.batch import StepOutput
+from enhydra.runner.runner import TaskRunner
+from enhydra.runner.tasks import Task
+from enhydra.settings import Settings
+
+
+class UnknownTarget(ValueError):
+    """A reaction wrote to a commands topic it did not declare in `sends_to`."""
+
+
+class ReactionStep:
+    """A reaction over one upstream partition's events (the runner's step)."""
+
+    counters = ("commands", "ignored")
+
+    def __init__(
+        self,
+        settings: Settings,
+        reaction: Reaction,
+        commands_topic: str,
+        policies: ErrorPolicies,
+        transient: tuple[type[BaseException], ...],
+    ) -> None:
+        self.settings = settings
+        self.reaction = reaction
+        self.commands_topic = commands_topic
+        self.policies = policies
+        self.transient = transient
+        self.max_record_bytes = MAX_REQUEST_SIZE  # set by the runner once it knows the topics
+        # commands topic -> partitions; others' are learned at start (ReactionEngine.start)
+        self.partitions: dict[str, int] = {commands_topic: settings.partitions}
+
+    def new_cache(self) -> None:
+        return None
+
+    def partitions_of(self, topic: str) -> int:
+        count = self.partitions.get(topic)
+        if count is None:
+            raise UnknownTarget(
+                f"reaction {self.reaction.name!r} wrote to {topic!r}: list it in sends_to"
+            )
+        return count
+
+    def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
+        s = self.settings
+        topic = self.reaction.upstream_topic
+        result = react_batch(
+            self.reaction,
+            records,
+            topic=topic,
+            partition=task.partition,
+            commands_topic=self.commands_topic,
+            partitions_of=self.partitions_of,
+            transient=self.transient,
+            give_up=give_up,
+            max_record_bytes=min(s.max_output_bytes, self.max_record_bytes),
+        )
+        outputs: dict[Any, list[Any]] = dict(result.outputs)
+        letters = dead_letters(
+            result.failures,
+            self.policies,
+            s,
+            topic=topic,
+            partition=task.partition,
+            limit=self.max_record_bytes,
+        )
+        if letters:
+            outputs[s.dlq_topic] = letters
+        return StepOutput(
+            outputs=outputs,
+            puts=[],
+            last_offset=result.last_offset,
+            counts={"commands": result.commands, "ignored": result.ignored},
+            failed=[f"{f.stage}:{type(f.error).__name__}" for f in result.failures],
+            interrupted=result.interrupted,
+        )
+
+
+class ReactionEngine(TaskRunner):
+    """Turns one upstream events topic into commands, for this instance's partitions."""
+
+    label = "reaction"
+
+    def __init__(
+        self,
+        settings: Settings,
+        reaction: Reaction,
+        commands_topic: str,
+        *,
+        policies: ErrorPolicies,
+        transient: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.reaction = reaction
+        self.commands_topic = commands_topic
+        self.policies = policies
+        super().__init__(
+            settings,
+            name=f"reaction-{reaction.name}",
+            group_id=reaction.group_id(settings.app_id),
+            input_topic=reaction.upstream_topic,
+            changelog_topic=reaction.changelog_topic(settings.app_id),
+            step=ReactionStep(settings, reaction, commands_topic, policies, transient),
+            output_topics=[commands_topic, *reaction.sends_to],
+            transactional_prefix=f"{settings.app_id}-{reaction.name}-task-",
+            client_id=f"{settings.instance_id}-{reaction.name}",
+            log_fields={"reaction": reaction.name, "source": reaction.source},
+        )
+
+    def topic_specs(self) -> list[TopicSpec]:
+        s = self.settings
+        specs = [
+            TopicSpec(self.reaction.upstream_topic, s.partitions, history=True),
+            TopicSpec(self.commands_topic, s.partitions),
+            TopicSpec(self.changelog_topic, s.partitions, compacted=True),
+        ]
+        if self.policies.uses_dlq():
+            specs.append(TopicSpec(s.dlq_topic, s.partitions, history=True))
+        return specs
+
+    async def start(self) -> None:
+        others = list(self.reaction.sends_to)
+        if others:
+            async with open_admin(self.settings.connection, client_id=self.client_id) as admin:
+                counts = await partition_counts(admin, others)
+            missing = sorted(set(others) - set(counts))
+            if missing:
+                raise UnknownTarget(
+                    f"reaction {self.reaction.name!r} sends to {', '.join(missing)}, which "
+                    "does not exist: start that service first, or create its commands topic"
+                )
+            self.step.partitions.update(counts)  # type: ignore[attr-defined]
+        await super().start()
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "source": self.reaction.source,
+            "input": self.input_topic,
+            "ready": self.registry.ready,
+            "partitions": {str(p): t.status.value for p, t in sorted(self.registry.tasks.items())},
+            "failures": dict(self.failures),
+            **self.stats,
+        }
