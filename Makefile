@@ -32,8 +32,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# No broker, no Spark, no containers, no service processes: tests/conftest.py fails a test of
+# this lane that starts one (its marker is missing).
+FAST_MARKERS := not integration and not slow and not template and not spark and not containers
+
 test-fast: setup
-	$(PY) -m pytest -m "not integration and not slow and not template" $(PYTEST_ARGS)
+	ENHYDRA_TEST_LANE=fast $(PY) -m pytest -p no:schemathesis -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check runtime tests examples scripts
