@@ -33,11 +33,14 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # No broker, no Spark, no containers, no service processes: tests/conftest.py fails a test of
-# this lane that starts one (its marker is missing).
+# this lane that starts one (its marker is missing), and gives property tests fewer examples.
+# Pure tests share nothing, so they run on FAST_WORKERS processes (0: in this one).
 FAST_MARKERS := not integration and not slow and not template and not spark and not containers
+FAST_WORKERS ?= 2
 
 test-fast: setup
-	ENHYDRA_TEST_LANE=fast $(PY) -m pytest -p no:schemathesis -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	ENHYDRA_TEST_LANE=fast $(PY) -m pytest -p no:schemathesis -n $(FAST_WORKERS) \
+		-m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check runtime tests examples scripts

@@ -8,6 +8,7 @@ Spark JVM is a minute on a loaded machine), so in that lane:
   or from any process it starts, or a service process, fails the test with a line naming the
   marker to add. `java` and the container tools are shims on PATH and JAVA_HOME for that lane,
   so a grandchild (a script that starts Spark) is caught as well.
+The lane also runs property tests with a quarter of their examples (CI runs them all).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ HEAVY_FIXTURES = {
 SHIMMED = {"java": "spark or integration", "podman": "containers", "docker": "containers"}
 REFUSED = {"spark-submit": "spark", "spark-class": "spark", **SHIMMED}
 EXIT_REFUSED = 97
+FAST_EXAMPLES_SHARE, FAST_MIN_EXAMPLES = 4, 10  # hypothesis in the fast lane: a quarter
 REFUSED_LOG = "refused.log"  # what the shims refused, read after each test
 _SHIMS = pytest.StashKey[Path]()
 
@@ -125,11 +127,31 @@ def pytest_runtest_call(item: pytest.Item):
             pytest.fail(log.read_text().splitlines()[0], pytrace=False)
 
 
+def _fewer_examples(items: list[pytest.Item]) -> None:
+    """Property tests draw a quarter of their examples in the fast lane; `make test` keeps all.
+
+    Hypothesis reads a test's settings when it runs, from the attribute @settings sets; where
+    a future Hypothesis stores them elsewhere this does nothing and the lane is only slower.
+    """
+    from hypothesis import settings
+
+    done = set()
+    for item in items:
+        test = getattr(item, "obj", None)
+        current = getattr(test, "_hypothesis_internal_use_settings", None)
+        if not isinstance(current, settings) or id(test) in done:
+            continue
+        done.add(id(test))
+        fewer = max(FAST_MIN_EXAMPLES, current.max_examples // FAST_EXAMPLES_SHARE)
+        test._hypothesis_internal_use_settings = settings(current, max_examples=fewer)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """After -m has deselected: a fast-lane test that asks for a heavy fixture stops the run."""
     if LANE != "fast":
         return
+    _fewer_examples(items)
     wrong = []
     for item in items:
         for name in getattr(item, "fixturenames", ()):
