@@ -29,8 +29,20 @@ $(ASYNCAPI_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json
 demo: setup
 	$(PY) scripts/demo.py
 
+# One serial run by default (what CI runs). PARALLEL=N: two lanes, one after the other: the
+# suite without the `timing` tests on N xdist workers (each starts its own broker on free
+# ports; the query tests share one cluster on one worker), then the `timing` tests alone, so
+# a failover or stop bound never competes with a Spark job for the cores. Both lanes always run.
+PARALLEL ?=
+
 test: setup
+ifeq ($(strip $(PARALLEL)),)
 	$(PY) -m pytest $(PYTEST_ARGS)
+else
+	@$(PY) -m pytest -n $(PARALLEL) --dist loadgroup -m "not timing" $(PYTEST_ARGS); lane=$$?; \
+	$(PY) -m pytest -m timing $(PYTEST_ARGS); timing=$$?; \
+	test $$lane -eq 0 && test $$timing -eq 0
+endif
 
 # No broker, no Spark, no containers, no service processes: tests/conftest.py fails a test of
 # this lane that starts one (its marker is missing), and gives property tests fewer examples.
