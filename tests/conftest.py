@@ -3,7 +3,7 @@
 `make test-fast` sets ENHYDRA_TEST_LANE=fast and deselects the tests marked integration, slow,
 template, spark and containers. A marker that lies would quietly make the lane slow again (a
 Spark JVM is a minute on a loaded machine), so in that lane:
-- a selected test that asks for a fixture which starts one of them stops the run at collection;
+- a selected test that asks for a fixture which starts one of them fails before its set-up;
 - starting the real `java` (a broker, Spark), `spark-submit`, `podman` or `docker`, from the test
   or from any process it starts, or a service process, fails the test with a line naming the
   marker to add. `java` and the container tools are shims on PATH and JAVA_HOME for that lane,
@@ -47,7 +47,7 @@ class FastLaneViolation(RuntimeError):
 def refusal(what: str, markers: str) -> str:
     """One line: what was started, and the marker(s) that keep the test out of the lane."""
     marks = " or ".join(f"@pytest.mark.{name}" for name in markers.split(" or "))
-    return f"test-fast starts no {what}: mark this test {marks} (it still runs in `make test`)"
+    return f"test-fast does not start {what}: mark this test {marks} (it still runs in `make test`)"
 
 
 def _install_shims(folder: Path) -> None:
@@ -148,19 +148,16 @@ def _fewer_examples(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """After -m has deselected: a fast-lane test that asks for a heavy fixture stops the run."""
+    if LANE == "fast":
+        _fewer_examples(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A fast-lane test that asks for a heavy fixture fails before the fixture starts anything."""
     if LANE != "fast":
         return
-    _fewer_examples(items)
-    wrong = []
-    for item in items:
-        for name in getattr(item, "fixturenames", ()):
-            if name in HEAVY_FIXTURES:
-                what, marker = HEAVY_FIXTURES[name]
-                wrong.append(f"  {item.nodeid}: `{name}` starts {what}; mark it {marker}")
-                break
-    if wrong:
-        raise pytest.UsageError(
-            "test-fast selected tests that start a broker or Spark (their markers are missing):\n"
-            + "\n".join(wrong)
-        )
+    for name in getattr(item, "fixturenames", ()):
+        if name in HEAVY_FIXTURES:
+            what, marker = HEAVY_FIXTURES[name]
+            pytest.fail(refusal(f"{what} (fixture `{name}`)", marker), pytrace=False)
