@@ -31,11 +31,31 @@ $(ASYNCAPI_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json
 demo: setup
 	$(PY) scripts/demo.py
 
+# One serial run by default (what CI runs). PARALLEL=N: two lanes, one after the other: the
+# suite without the `timing` tests on N xdist workers (each starts its own broker on free
+# ports; the query tests share one cluster on one worker), then the `timing` tests alone, so
+# a failover or stop bound never competes with a Spark job for the cores. Both lanes always run;
+# a lane that selects nothing (pytest's exit 5, e.g. PYTEST_ARGS=tests/unit) is not a failure.
+PARALLEL ?=
+
 test: setup
+ifeq ($(strip $(PARALLEL)),)
 	$(PY) -m pytest $(PYTEST_ARGS)
+else
+	@$(PY) -m pytest -n $(PARALLEL) --dist loadgroup -m "not timing" $(PYTEST_ARGS); lane=$$?; \
+	$(PY) -m pytest -m timing $(PYTEST_ARGS); timing=$$?; \
+	for code in $$lane $$timing; do test $$code -eq 0 -o $$code -eq 5 || exit $$code; done
+endif
+
+# No broker, no Spark, no containers, no service processes: tests/conftest.py fails a test of
+# this lane that starts one (its marker is missing), and gives property tests fewer examples.
+# Pure tests share nothing, so they run on FAST_WORKERS processes (0: in this one).
+FAST_MARKERS := not integration and not slow and not template and not spark and not containers
+FAST_WORKERS ?= 2
 
 test-fast: setup
-	$(PY) -m pytest -m "not integration and not slow and not template" $(PYTEST_ARGS)
+	ENHYDRA_TEST_LANE=fast $(PY) -m pytest -p no:schemathesis -n $(FAST_WORKERS) \
+		-m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check runtime tests examples scripts

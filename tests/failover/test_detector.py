@@ -22,7 +22,7 @@ from enhydra.failover import DetectorConfig, FailureDetector, Verdict, group_rem
 from enhydra.kafka.clients import as_connection
 from tests.failover.support import PeerProcess, make_group_topics, stalled_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 PARTITIONS = 4
 SESSION_MS = 30_000

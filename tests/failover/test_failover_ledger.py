@@ -30,7 +30,7 @@ from ledger.workload import generate, model
 from tests.failover.support import stalled_port, wait_until
 from tests.integration.ledger_support import feed, read_accounts
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 TARGET = "ledger.service:service"
 # The test environment's short group timeouts, removed so the production defaults apply.

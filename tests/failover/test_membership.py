@@ -26,7 +26,7 @@ from enhydra.kafka.membership import (
 )
 from tests.failover.support import PeerProcess, make_group_topics, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 PARTITIONS = 4
 SESSION_MS = 30_000

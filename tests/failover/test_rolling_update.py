@@ -20,7 +20,7 @@ from enhydra.testing.processes import ServiceProcess, free_port
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed, read_accounts
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 TARGET = "ledger.service:service"
 PRODUCTION_DEFAULTS = (  # the test environment's short group timeouts, removed

@@ -21,7 +21,7 @@ from enhydra.testing.processes import ServiceProcess, service_env
 from ledger.workload import generate
 from tests.integration.ledger_support import produce_in_chunks
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 SIGTERM_BUDGET_S = 25.0  # the target; the setting's default is 25 with a margin inside
 

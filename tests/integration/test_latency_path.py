@@ -22,7 +22,7 @@ from enhydra.testing.processes import read_topic, wait_for_committed
 from ledger.workload import generate, model
 from tests.integration.ledger_support import produce_in_chunks, read_accounts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 TARGET = "ledger.service:service"
 

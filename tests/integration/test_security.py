@@ -24,7 +24,7 @@ from enhydra.testing.processes import free_port, http_get, service_env
 from ledger.workload import generate, model
 from tests.integration.ledger_support import feed, read_accounts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 TARGET = "ledger.service:service"
 

@@ -12,7 +12,7 @@ import pytest
 from tests.query.conftest import PARTITIONS, QUERY_TOKEN, Cluster, call
 from tests.unit.test_asyncapi_parser import parse
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("query-cluster")]
 
 PATHS = {
     "/",

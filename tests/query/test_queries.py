@@ -17,7 +17,7 @@ from enhydra.query import Client, QueryError
 from enhydra.testing.processes import produce_json, read_topic
 from tests.query.conftest import ADMIN_TOKEN, PARTITIONS, QUERY_TOKEN, Cluster, call, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("query-cluster")]
 
 
 def key_url(base: str, key: str, query: str = "", store: str = "accounts") -> str:

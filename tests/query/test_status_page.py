@@ -17,7 +17,7 @@ import pytest
 
 from tests.query.conftest import PARTITIONS, QUERY_TOKEN, Cluster, call
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("query-cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = [

@@ -26,8 +26,6 @@ from enhydra.spark.fold import EventFold, FoldError, applied_events, fold_batche
 from ledger.domain import accounts
 from ledger.workload import generate
 
-pytestmark = pytest.mark.spark
-
 
 def _decide_counter(state: Any, command: dict[str, Any]) -> list[dict[str, Any]]:
     if command.get("times", 1) < 1:

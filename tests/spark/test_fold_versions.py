@@ -29,8 +29,6 @@ from ledger.domain import accounts
 from ledger.workload import generate, model
 from tests.integration.ledger_versions import accounts_v1
 
-pytestmark = pytest.mark.spark
-
 PARTITIONS = 3
 Record = tuple[bytes, int, int, bytes, list[tuple[str, bytes]]]
 
@@ -173,6 +171,7 @@ def test_the_fold_writes_entries_at_the_aggregate_state_version() -> None:
     assert {r["key_text"]: e.state for r, e in zip(rows, entries, strict=True)} == expected
 
 
+@pytest.mark.spark
 def test_spark_folds_the_mixed_history_with_the_typed_ledger(spark) -> None:
     """The typed aggregate goes to Spark's Python workers (pickled) and folds there."""
     from enhydra.spark.fold import fold_events

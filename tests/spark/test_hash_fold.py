@@ -18,8 +18,6 @@ from enhydra.contracts.headers import COMMAND_ID_HEADER, COMMAND_OFFSET_HEADER
 from enhydra.spark.fold import FoldError, fold_events
 from enhydra.spark.source import SCHEMA_DDL
 
-pytestmark = pytest.mark.spark
-
 TARGET = "ledger.domain:accounts"
 AT = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 
@@ -57,6 +55,7 @@ def entries(folded: Any) -> dict[bytes, tuple[Any, ...]]:
     return out
 
 
+@pytest.mark.spark
 def test_hash_and_sort_folds_give_the_same_rows_in_spark(spark) -> None:
     events = as_spark(spark, [log(0, 40, 6), log(1, 25, 9)])
     hashed = fold_events(events, TARGET, shuffle=False, fold="hash")
@@ -69,6 +68,7 @@ def test_hash_and_sort_folds_give_the_same_rows_in_spark(spark) -> None:
     assert opened.state["balance"] == sum(range(1, 9))
 
 
+@pytest.mark.spark
 def test_a_partition_whose_offsets_go_backwards_is_refused_by_the_hash_fold(spark) -> None:
     rows = log(0, 3, 3)
     rows[4], rows[7] = rows[7], rows[4]  # offsets 0 1 2 3 7 5 6 4 8

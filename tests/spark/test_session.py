@@ -12,9 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SESSIONS = """
 import os, sys
 from pathlib import Path
+
+import pytest
 from enhydra.spark.session import local_session
 
 def java_children():
@@ -36,6 +40,7 @@ print(java_children())
 """
 
 
+@pytest.mark.spark
 def test_sessions_started_one_after_another_run_on_one_jvm(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", SESSIONS, str(tmp_path / "spark.log")],

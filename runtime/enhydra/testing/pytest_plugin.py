@@ -18,6 +18,8 @@ import pytest
 from enhydra.settings import Connection
 from enhydra.testing.processes import ServiceProcess, service_env
 
+BROKER_START_TIMEOUT_S = 240.0  # the CLI's default stays 60 s
+
 
 @dataclass(frozen=True)
 class SecuredKafka:
@@ -56,11 +58,15 @@ def secured_connections(info) -> SecuredKafka:  # info: enhydra.devtools.broker.
 
 @pytest.fixture(scope="session")
 def _local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A local broker with every listener, started once per session."""
+    """A local broker with every listener, started once per session (per xdist worker).
+
+    The start may take minutes on a loaded machine where every worker starts its own broker at
+    the same moment: the deadline is generous, the readiness check is the broker's.
+    """
     from enhydra.devtools.broker import LocalBroker
 
     broker = LocalBroker(tmp_path_factory.mktemp("kafka"), port=0, secured=True)
-    info = broker.start()
+    info = broker.start(timeout=BROKER_START_TIMEOUT_S)
     try:
         yield info
     finally:
