@@ -140,6 +140,7 @@ class Runtime:
         self.exit_code = 0
         self.liveness: LivenessEndpoint | None = None
         self._stop_worker: Callable[[], None] | None = None
+        self.exit_timer: threading.Timer | None = None  # armed when a stop begins
         # Extra (method, path, handler) endpoints behind ENHYDRA_ADMIN_TOKEN (query/http.py).
         self.admin_routes: list[AdminRoute] = [
             ("POST", "/v1/admin/snapshots", self._snapshot_now),
@@ -307,6 +308,9 @@ class Runtime:
             worker.execute_from_commandline()
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else EXIT_SHUTDOWN_CLIENT
+        finally:
+            if self.exit_timer is not None:  # the stop ended in time: nothing to end
+                self.exit_timer.cancel()
         return self.exit_code or code
 
 
@@ -338,7 +342,8 @@ class _Instance(ModeService):
     async def on_stop(self) -> None:
         rt = self.runtime
         budget = rt.settings.shutdown_timeout_s
-        _exit_after(budget - 1, lambda: rt.exit_code)  # the last resort, whatever hangs
+        # The last resort, whatever hangs; cancelled when run() returns in time.
+        rt.exit_timer = _exit_after(budget - 1, lambda: rt.exit_code)
         try:  # each part bounds its own steps; this bounds their sum
             await asyncio.wait_for(self.supervisor.stop(), max(1.0, budget - STOP_MARGIN_S))
         except TimeoutError:
@@ -347,7 +352,7 @@ class _Instance(ModeService):
             await self._runner.cleanup()
 
 
-def _exit_after(seconds: float, exit_code: Callable[[], int]) -> None:
+def _exit_after(seconds: float, exit_code: Callable[[], int]) -> threading.Timer:
     """End the process `seconds` from now if it is still running then.
 
     An orchestrator kills a process that outlasts its grace period (Kubernetes: 30 s after
@@ -363,6 +368,7 @@ def _exit_after(seconds: float, exit_code: Callable[[], int]) -> None:
     timer = threading.Timer(seconds, exit_now)
     timer.daemon = True
     timer.start()
+    return timer
 
 
 class Supervisor:
