@@ -1,0 +1,112 @@
+"""The ledger on a 3-node cluster with no replication setting at all (issue #26, item 4).
+
+The `kafka_cluster` brokers default to replication factor 3 and min.insync.replicas 2; the
+instances and the commands set neither, so everything below holds on the broker's defaults.
+Brokers are rolled (SIGTERM, controlled shutdown) and killed (SIGKILL) while two instances
+take a steady command stream; afterwards the fault tests' checker holds (state equals the
+model, no zombie write, one event per command and index, every partition resumes, every
+instance still runs), and the events topic never stopped growing for longer than the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from enhydra.devtools.cluster import cluster_overrides
+from tests.cluster.support import (
+    BrokerDefaults,
+    GrowthWatch,
+    durability,
+    wait_in_isr,
+    wait_port_released,
+)
+from tests.faults.support import run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DURABLE = (3, 2)  # (replicas, min.insync.replicas) the cluster's brokers default to
+ROLLING_PAUSE = 3.0  # s: a controlled shutdown moves leaders first, so writes barely wait
+# A killed broker keeps leading its partitions until the controller fences it, when its
+# session (broker.session.timeout.ms, no heartbeat) expires; only then do leaders move and
+# producers resume. Then 3 s for clients to see new metadata and retry, as for a roll.
+FENCING = int(cluster_overrides(3)["broker.session.timeout.ms"]) / 1000
+KILL_PAUSE = FENCING + 3.0
+
+
+@pytest.fixture
+def cluster(kafka_cluster, app_id, tmp_path):
+    made = BrokerDefaults(kafka_cluster, app_id, tmp_path)
+    yield made
+    made.stop_instances()
+    kafka_cluster.heal()
+    kafka_cluster.cluster.start(timeout=120)  # a test that failed mid-fault restarts its node
+
+
+def each_broker_in_turn(
+    act: Callable[[int], None], pause_bound: float
+) -> Callable[[BrokerDefaults], Awaitable[None]]:
+    """A fault: `act` on nodes 1..3 one after another, each restarted and back in the ISR
+    before the next, while the events topic's growth is watched."""
+
+    async def fault(s: BrokerDefaults) -> None:
+        watch = GrowthWatch(s.kafka.bootstrap, f"{s.app_id}-events")
+        watching = asyncio.create_task(watch.run())
+        try:
+            await asyncio.sleep(2)
+            for node in (1, 2, 3):
+                watch.mark(f"node {node} down")
+                await asyncio.to_thread(act, node)
+                watch.mark(f"node {node} starting")
+                await asyncio.to_thread(s.kafka.cluster.node(node).start, 90)
+                await wait_in_isr(s.kafka.bootstrap, node)
+                watch.mark(f"node {node} in the ISR")
+            await asyncio.sleep(2)
+        finally:
+            watch.stop()
+            await watching
+        s.notes.append(watch.summary())
+        if watch.longest_pause > pause_bound:
+            s.failures.append(
+                f"the events topic stopped growing for {watch.longest_pause:.1f}s "
+                f"(bound {pause_bound:.1f}s), until +{watch.paused_until:.1f}s: {watch.marks}"
+            )
+
+    return fault
+
+
+def test_the_ledger_creates_every_topic_with_the_brokers_durability(cluster, app_id):
+    cluster.start_instances()
+
+    async def nothing(s: BrokerDefaults) -> None:
+        await asyncio.sleep(2)
+
+    run(cluster, nothing, fault_s=2).assert_holds()
+    made = asyncio.run(durability(cluster.kafka.bootstrap, f"{app_id}-"))
+    assert set(made) >= {f"{app_id}-{t}" for t in ("commands", "events", "control")}, made
+    assert f"{app_id}-accounts-changelog" in made, made
+    assert {name: d for name, d in made.items() if d != DURABLE} == {}
+
+
+def test_a_rolling_restart_of_every_broker_while_commands_flow(cluster):
+    cluster.start_instances()
+
+    def controlled_shutdown(node: int) -> None:
+        assert cluster.kafka.cluster.node(node).stop(timeout=60)
+
+    fault = each_broker_in_turn(controlled_shutdown, ROLLING_PAUSE)
+    run(cluster, fault, fault_s=150).assert_holds()
+
+
+def test_a_kill_9_of_each_broker_in_turn_while_commands_flow(cluster):
+    cluster.start_instances()
+
+    def crash(node: int) -> None:
+        assert cluster.kafka.cluster.node(node).kill()
+        port = next(n.port for n in cluster.kafka.cluster.layout().nodes if n.node_id == node)
+        wait_port_released(port)
+
+    fault = each_broker_in_turn(crash, KILL_PAUSE)
+    run(cluster, fault, fault_s=150).assert_holds()
