@@ -110,8 +110,9 @@ def wait_port_released(port: int, timeout: float = 30.0) -> None:
 class GrowthWatch:
     """The events topic's end offsets, sampled every SAMPLE_EVERY s until stopped.
 
-    `longest_pause` is the longest time between two samples that saw the total grow; a sample
-    that takes long (a leader being moved) counts in the pause, as a stalled producer would.
+    `longest_pause` is the longest time between two samples in which some partition grew.
+    Each partition is asked on its own with a 1 s limit, so a partition whose leader is gone
+    does not hide the others' growth (nor stretch the pause by the sampler's own wait).
     """
 
     bootstrap: str
@@ -131,21 +132,28 @@ class GrowthWatch:
         self._started = time.monotonic()
         async with open_consumer(as_connection(self.bootstrap)) as consumer:
             tps = [TopicPartition(self.topic, p) for p in await partitions_of(consumer, self.topic)]
-            total, grew = -1, time.monotonic()
+
+            async def end_of(tp: TopicPartition) -> int | None:
+                """One partition at a time: a dead leader delays its own sample only."""
+                try:
+                    return (await asyncio.wait_for(consumer.end_offsets([tp]), 1.0))[tp]
+                except Exception:  # no answer now: this partition did not visibly grow
+                    return None
+
+            known: dict[TopicPartition, int] = {}
+            grew = now = time.monotonic()
             while not self._stop.is_set():
                 before = time.monotonic()
-                try:
-                    ends = await asyncio.wait_for(consumer.end_offsets(tps), 5)
-                except (TimeoutError, Exception):  # no answer now is a pause, not an error
-                    ends = None
+                ends = await asyncio.gather(*(end_of(tp) for tp in tps))
                 now = time.monotonic()
                 self.slowest_sample = max(self.slowest_sample, now - before)
                 self.samples += 1
-                if ends is not None and sum(ends.values()) > total:
-                    if total >= 0 and now - grew > self.longest_pause:
-                        self.longest_pause = now - grew
-                        self.paused_until = now - self._started
-                    total, grew = sum(ends.values()), now
+                fresh = {tp: end for tp, end in zip(tps, ends, strict=True) if end is not None}
+                if any(end > known.get(tp, end) for tp, end in fresh.items()):
+                    if now - grew > self.longest_pause:
+                        self.longest_pause, self.paused_until = now - grew, now - self._started
+                    grew = now
+                known.update(fresh)
                 await asyncio.sleep(max(0.0, SAMPLE_EVERY - (time.monotonic() - before)))
             if now - grew > self.longest_pause:  # a pause that never ended
                 self.longest_pause, self.paused_until = now - grew, now - self._started
