@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from enhydra.devtools.cluster import cluster_overrides
+from enhydra.testing.processes import wait_for_committed
+from ledger.workload import generate
 from tests.cluster.support import (
     BrokerDefaults,
     GrowthWatch,
@@ -24,6 +26,8 @@ from tests.cluster.support import (
     wait_port_released,
 )
 from tests.faults.support import run
+from tests.integration.ledger_support import feed
+from tests.integration.test_topic_durability import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -124,3 +128,21 @@ def test_a_kill_9_of_each_broker_in_turn_while_commands_flow(cluster):
 
     fault = each_broker_in_turn(crash, KILL_PAUSE)
     run(cluster, fault, fault_s=150).assert_holds()
+
+
+def test_reset_leaves_topics_at_the_brokers_durability(cluster, app_id):
+    """`enhydra reset` deletes and recreates the changelog, events, rejections and control
+    topics; with no replication setting they come back at the brokers' RF 3 / min ISR 2."""
+    bootstrap = cluster.kafka.bootstrap
+    cluster.start_instances(("i1",))
+    feed(bootstrap, app_id, generate(20, 100, seed=3))
+    asyncio.run(wait_for_committed(bootstrap, app_id, f"{app_id}-commands", timeout=90))
+    cluster.stop_instances()
+
+    done = cli({"ENHYDRA_BOOTSTRAP_SERVERS": bootstrap}, "reset", "--app", app_id, "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{app_id}-accounts-changelog" in done.stdout + done.stderr
+
+    after = asyncio.run(durability(bootstrap, f"{app_id}-"))
+    assert f"{app_id}-accounts-changelog" in after, after
+    assert {name: d for name, d in after.items() if d != DURABLE} == {}
