@@ -1,0 +1,148 @@
+"""The ledger on a 3-node cluster with no replication setting at all (issue #26, item 4).
+
+The `kafka_cluster` brokers default to replication factor 3 and min.insync.replicas 2; the
+instances and the commands set neither, so everything below holds on the broker's defaults.
+Brokers are rolled (SIGTERM, controlled shutdown) and killed (SIGKILL) while two instances
+take a steady command stream; afterwards the fault tests' checker holds (state equals the
+model, no zombie write, one event per command and index, every partition resumes, every
+instance still runs), and the events topic never stopped growing for longer than the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from enhydra.devtools.cluster import cluster_overrides
+from enhydra.testing.processes import wait_for_committed
+from ledger.workload import generate
+from tests.cluster.support import (
+    BrokerDefaults,
+    GrowthWatch,
+    durability,
+    wait_in_isr,
+    wait_port_released,
+)
+from tests.faults.support import run
+from tests.integration.ledger_support import feed
+from tests.integration.test_topic_durability import cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DURABLE = (3, 2)  # (replicas, min.insync.replicas) the cluster's brokers default to
+ROLLING_PAUSE = 3.0  # s: a controlled shutdown moves leaders first, so writes barely wait
+# A killed broker keeps leading its partitions until the controller fences it, when its
+# session (broker.session.timeout.ms, no heartbeat) expires; only then do leaders move and
+# producers resume. Then 3 s for clients to see new metadata and retry, as for a roll.
+FENCING = int(cluster_overrides(3)["broker.session.timeout.ms"]) / 1000
+KILL_PAUSE = FENCING + 3.0
+# A killed broker may be the group coordinator: the group's heartbeats fail until another
+# broker takes the coordinator over, after the fencing. With the tests' 6 s session (testing/
+# processes.py) the members' sessions expire first and the group rebalances (a 10.5 s pause
+# measured); production's 30 s session rides that out, so this test runs with it.
+PRODUCTION_SESSION = {"ENHYDRA_SESSION_TIMEOUT_MS": "30000", "ENHYDRA_HEARTBEAT_INTERVAL_MS": "500"}
+
+
+@pytest.fixture
+def cluster(kafka_cluster, app_id, tmp_path):
+    made = BrokerDefaults(kafka_cluster, app_id, tmp_path)
+    yield made
+    made.stop_instances()
+    kafka_cluster.heal()
+    kafka_cluster.cluster.start(timeout=120)  # a test that failed mid-fault restarts its node
+    for node in (1, 2, 3):  # and the next test starts on a whole cluster
+        asyncio.run(wait_in_isr(kafka_cluster.bootstrap, node))
+
+
+def each_broker_in_turn(
+    act: Callable[[int], None], pause_bound: float
+) -> Callable[[BrokerDefaults], Awaitable[None]]:
+    """A fault: `act` on nodes 1..3 one after another, each restarted and back in the ISR
+    before the next, while the events topic's growth is watched."""
+
+    async def fault(s: BrokerDefaults) -> None:
+        watch = GrowthWatch(s.kafka.bootstrap, f"{s.app_id}-events")
+        watching = asyncio.create_task(watch.run())
+        try:
+            await asyncio.sleep(2)
+            for node in (1, 2, 3):
+                watch.mark(f"node {node} down")
+                await asyncio.to_thread(act, node)
+                watch.mark(f"node {node} starting")
+                await asyncio.to_thread(s.kafka.cluster.node(node).start, 90)
+                await wait_in_isr(s.kafka.bootstrap, node)
+                watch.mark(f"node {node} in the ISR")
+            await asyncio.sleep(2)
+        finally:
+            watch.stop()
+            await watching
+        s.notes.append(watch.summary())
+        if watch.longest_pause > pause_bound:
+            s.failures.append(
+                f"the events topic stopped growing for {watch.longest_pause:.1f}s "
+                f"(bound {pause_bound:.1f}s), until +{watch.paused_until:.1f}s: {watch.marks}"
+            )
+
+    return fault
+
+
+def test_the_ledger_creates_every_topic_with_the_brokers_durability(cluster, app_id):
+    cluster.start_instances()
+
+    async def nothing(s: BrokerDefaults) -> None:
+        await asyncio.sleep(2)
+
+    run(cluster, nothing, fault_s=2).assert_holds()
+    made = asyncio.run(durability(cluster.kafka.bootstrap, f"{app_id}-"))
+    assert set(made) >= {f"{app_id}-{t}" for t in ("commands", "events", "control")}, made
+    assert f"{app_id}-accounts-changelog" in made, made
+    assert {name: d for name, d in made.items() if d != DURABLE} == {}
+
+
+def test_a_rolling_restart_of_every_broker_while_commands_flow(cluster):
+    cluster.start_instances()
+
+    def controlled_shutdown(node: int) -> None:
+        assert cluster.kafka.cluster.node(node).stop(timeout=60)
+
+    fault = each_broker_in_turn(controlled_shutdown, ROLLING_PAUSE)
+    run(cluster, fault, fault_s=150).assert_holds()
+
+
+# Measured on 2026-11-27 (load average 10-30 on 2 cores): every invariant held, but the events
+# topic paused 8.7 s (30 s session) and 10.5 s (6 s session) against the 7 s bound. In the
+# 8.7 s run the instances got their first NotLeader answers 8.3 s after the kill: the
+# leaders moved that late, twice broker.session.timeout.ms; the clients then resumed in
+# 0.4 s. Not strict: it depends on how fast the controller fences. Remove with the fix.
+@pytest.mark.xfail(reason="fencing took ~8 s, not 4 s: see the comment above", strict=False)
+def test_a_kill_9_of_each_broker_in_turn_while_commands_flow(cluster):
+    cluster.extra_env.update(PRODUCTION_SESSION)
+    cluster.start_instances()
+
+    def crash(node: int) -> None:
+        assert cluster.kafka.cluster.node(node).kill()
+        port = next(n.port for n in cluster.kafka.cluster.layout().nodes if n.node_id == node)
+        wait_port_released(port)
+
+    fault = each_broker_in_turn(crash, KILL_PAUSE)
+    run(cluster, fault, fault_s=150).assert_holds()
+
+
+def test_reset_leaves_topics_at_the_brokers_durability(cluster, app_id):
+    """`enhydra reset` deletes and recreates the changelog, events, rejections and control
+    topics; with no replication setting they come back at the brokers' RF 3 / min ISR 2."""
+    bootstrap = cluster.kafka.bootstrap
+    cluster.start_instances(("i1",))
+    feed(bootstrap, app_id, generate(20, 100, seed=3))
+    asyncio.run(wait_for_committed(bootstrap, app_id, f"{app_id}-commands", timeout=90))
+    cluster.stop_instances()
+
+    done = cli({"ENHYDRA_BOOTSTRAP_SERVERS": bootstrap}, "reset", "--app", app_id, "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{app_id}-accounts-changelog" in done.stdout + done.stderr
+
+    after = asyncio.run(durability(bootstrap, f"{app_id}-"))
+    assert f"{app_id}-accounts-changelog" in after, after
+    assert {name: d for name, d in after.items() if d != DURABLE} == {}
