@@ -597,6 +597,8 @@ def _kafka_metadata_ok(bootstrap: str, timeout: float) -> bool:
 
     Runs on its own thread and event loop so `start()` also works inside a running loop.
     """
+    from aiokafka.errors import KafkaError
+
     from enhydra.kafka.clients import check_access
     from enhydra.kafka.errors import KafkaAccessError
     from enhydra.settings import Connection
@@ -604,7 +606,9 @@ def _kafka_metadata_ok(bootstrap: str, timeout: float) -> bool:
     async def probe() -> bool:
         try:
             return await check_access(Connection.plain(bootstrap), timeout=timeout) > 0
-        except (KafkaAccessError, TimeoutError):
+        except (KafkaAccessError, KafkaError, TimeoutError):
+            # Not ready yet: in a cluster starting up, the metadata may name a node that does
+            # not answer yet (NodeNotReadyError). Asked again until the start's deadline.
             return False
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enhydra-broker-probe") as pool:
