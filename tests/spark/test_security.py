@@ -73,7 +73,8 @@ def ledger(secured_kafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         bootstrap=conn.bootstrap_servers,
         instance_id="i1",
         state_dir=tmp / "state",
-        extra=conn.env(),
+        # Over an authenticated listener the control topic's messages must be signed.
+        extra={**conn.env(), "ENHYDRA_CONTROL_SECRET": "test-control-secret"},
     )
     instance = ServiceProcess(TARGET, env, tmp / "i1.log").start()
     try:
