@@ -938,19 +938,14 @@ class LocalBroker:
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the recorded broker: SIGTERM (clean shutdown), then SIGKILL after `timeout`."""
-        if not self.data_dir.is_dir():
-            return False
-        with _file_lock(self.data_dir / ".lock"):
-            info = self.status()
-            if info is None:
-                self._forget_pid()
-                return False
-            self._terminate(info.pid, timeout)
-            self._forget_pid()
-            return True
+        return self._end(timeout, signal.SIGTERM)
 
     def kill(self) -> bool:
         """SIGKILL the recorded broker at once: a crash, nothing flushed (its data is kept)."""
+        return self._end(0.0, signal.SIGKILL)
+
+    def _end(self, timeout: float, first: signal.Signals) -> bool:
+        """Send `first` to the recorded broker (SIGKILL after `timeout`); False if none runs."""
         if not self.data_dir.is_dir():
             return False
         with _file_lock(self.data_dir / ".lock"):
@@ -958,7 +953,7 @@ class LocalBroker:
             if info is None:
                 self._forget_pid()
                 return False
-            self._terminate(info.pid, 0.0, first=signal.SIGKILL)
+            self._terminate(info.pid, timeout, first=first)
             self._forget_pid()
             return True
 
