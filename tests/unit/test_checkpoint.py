@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -365,6 +366,8 @@ class FakeTransactionalProducer:
         if self.commit_errors:
             kind, error = self.commit_errors.pop(0)
             self.state = "abortable" if kind == "abortable" else "fatal"
+            for *_, future in self._records:  # aiokafka fails every record of the transaction
+                future.set_exception(error)
             raise error
         for tp, record, future in self._records:
             future.set_result(Meta(len(self.logs[tp])))
@@ -499,6 +502,24 @@ async def test_a_transaction_failing_for_good_is_aborted_and_fails_later_flights
             await flight.done
     assert (transactional[0].commits, transactional[0].aborts) == (0, 1)
     assert stores[0].writes == []
+
+
+async def test_a_failed_transaction_logs_its_error_once_not_once_per_record(
+    tmp_path, transactional
+) -> None:
+    """A fenced producer fails every record's future: none may log 'never retrieved'."""
+    unreported: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: unreported.append(context))
+    unit = await exactly_once(tmp_path, 0)
+    transactional[0].commit_errors = [("unknown", RequestTimedOutError())]
+    flight = unit.begin([write(0, 0), write(0, 2)], stores_for(0), None)
+    with pytest.raises(TransactionOutcomeUnknown):
+        await flight.done
+    del flight
+    transactional[0]._records.clear()
+    gc.collect()
+    await asyncio.sleep(0)
+    assert [c["message"] for c in unreported] == []
 
 
 async def test_exactly_once_flights_run_one_transaction_at_a_time_in_order(

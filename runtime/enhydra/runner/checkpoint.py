@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,10 +105,16 @@ class Flight:
     done_at: float = 0.0
 
 
+def consume_errors(futures: Iterable[asyncio.Future]) -> None:
+    """Mark futures' errors as seen: one error reported for all, not one log line per record."""
+    for future in futures:
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 def begin_flight(run: Callable[[Flight], Awaitable[list[Written]]]) -> Flight:
     published: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     # A failure is raised from `done`; the same error on `published` is only for the next flight.
-    published.add_done_callback(lambda f: f.cancelled() or f.exception())
+    consume_errors([published])
     flight = Flight(published)
     flight.done = asyncio.ensure_future(run(flight))
     return flight
@@ -278,7 +284,9 @@ class Publication:
                     break
                 sent.append((tp, first, count, future))
         if sent:
-            await asyncio.wait([future for *_, future in sent])
+            futures = [future for *_, future in sent]
+            consume_errors(futures)  # each error is looked at below, or sent again after one
+            await asyncio.wait(futures)
         for tp, first, count, future in sent:
             if tp in failed_at and failed_at[tp] <= first:
                 continue  # after a failed batch of its partition: it goes again, in order
@@ -729,15 +737,21 @@ class ExactlyOnce:
         """
         producer = self._producers[write.partition]
         await producer.begin_transaction()
+        outputs: list[asyncio.Future] = []
+        futures: list[asyncio.Future] = []
         try:
             for target, records in write.outputs.items():
                 topic, partition = placed(target, write.partition)
                 for key, value, headers in records:
-                    await producer.send(topic, value, key=key, partition=partition, headers=headers)
-            futures = [
-                await producer.send(self.changelog_topic, v, key=k, partition=write.partition)
-                for k, v in write.puts
-            ]
+                    outputs.append(
+                        await producer.send(
+                            topic, value, key=key, partition=partition, headers=headers
+                        )
+                    )
+            for k, v in write.puts:
+                futures.append(
+                    await producer.send(self.changelog_topic, v, key=k, partition=write.partition)
+                )
             if write.last_offset >= 0:
                 tp = TopicPartition(self.input_topic, write.partition)
                 await producer.send_offsets_to_transaction(
@@ -747,6 +761,8 @@ class ExactlyOnce:
         except asyncio.CancelledError:
             raise  # the runner is stopping: the producer is closed, the next one settles it
         except Exception as exc:
+            # The records' futures fail with the transaction; this error is raised for them all.
+            consume_errors([*outputs, *futures])
             await _abort(producer, write.partition, exc)
             raise
         if not futures:
