@@ -17,10 +17,7 @@ Rounds alternate the two; CPU time of this process; medians.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "ledger"))
 
-from bench.common import load_average, machine, median, table  # noqa: E402
+from bench.common import cpu_rounds, cpu_table, load_average, machine, median  # noqa: E402
 from bench.throughput.workload import PARTITIONS, command_records  # noqa: E402
 from bench.throughput.workload import step as raw_step  # noqa: E402
 from enhydra.contracts.partitioner import partition_for  # noqa: E402
@@ -79,8 +76,11 @@ class DictStore:
         return self.values.get(key)
 
 
-def enhydra(work: list[Batch]) -> int:
-    """The engine's own step (AggregateStep), then what persisting does to store and cache."""
+def enhydra(work: list[Batch], events: dict[int, list[InputRecord]] | None = None) -> int:
+    """The engine's own step (AggregateStep), then what persisting does to store and cache.
+
+    With `events`, the events it made are kept per partition as the events topic holds them.
+    """
     settings = Settings.from_env({}, app_id="bench", dedup_window=100)
     step = AggregateStep(settings, accounts.bind("bench"), ErrorPolicies(), ())
     tasks: dict[int, Task] = {}
@@ -93,6 +93,10 @@ def enhydra(work: list[Batch]) -> int:
         task.store.values.update(out.puts)  # type: ignore[attr-defined]
         assert out.persisted is not None
         out.persisted()
+        if events is not None:
+            made = events.setdefault(partition, [])
+            for key, value, headers in out.outputs.get("bench-events", []):
+                made.append(InputRecord(len(made), key, value, headers=tuple(headers or ())))
     return sum(len(records) for _, records in work)
 
 
@@ -103,28 +107,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="records per partition batch")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if args.rounds < 3:
-        raise SystemExit("--rounds must be at least 3: the ratio is a median")
     work = batches(args.keys, args.commands, args.batch)
     before = load_average()
-    gc.collect()
-    gc.freeze()  # as `enhydra run` does after start-up
-    runs: dict[str, list[float]] = {"raw step": [], "enhydra step": []}
-    steps: dict[str, Callable[[list[Batch]], int]] = {"raw step": raw, "enhydra step": enhydra}
-    for _ in range(args.rounds):
-        for name, fn in steps.items():
-            started = time.process_time()
-            count = fn(work)
-            runs[name].append((time.process_time() - started) / count * 1e6)
+    runs = cpu_rounds(
+        {"raw step": lambda: raw(work), "enhydra step": lambda: enhydra(work)}, args.rounds
+    )
     print(f"pure step per record, {args.commands:,} ledger commands, {args.keys:,} keys, ", end="")
     print(f"batches of {args.batch}; {machine()}")
     print(f"medians of {args.rounds} alternating rounds; 1-min load {before} -> {load_average()}")
-    print(
-        table(
-            ["step", "CPU µs/record (median)", "rounds"],
-            [[n, f"{median(v):.2f}", " ".join(f"{x:.2f}" for x in v)] for n, v in runs.items()],
-        )
-    )
+    print(cpu_table(runs))
     ratio = median(runs["raw step"]) / median(runs["enhydra step"])
     print(f"ratio raw step / enhydra step, CPU per record: {ratio:.2f}")
 

@@ -15,10 +15,7 @@ the two; CPU time; medians.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "ledger"))
 
-from bench.common import load_average, machine, median, table  # noqa: E402
-from bench.framework_step import DictStore, batches  # noqa: E402
+from bench.common import cpu_rounds, cpu_table, load_average, machine, median  # noqa: E402
+from bench.framework_step import DictStore, batches, enhydra  # noqa: E402
 from enhydra.errors.policies import ErrorPolicies  # noqa: E402
 from enhydra.processing.core import InputRecord  # noqa: E402
-from enhydra.processing.step import AggregateStep  # noqa: E402
 from enhydra.reactions.engine import ReactionStep  # noqa: E402
 from enhydra.runner.tasks import Task  # noqa: E402
 from enhydra.settings import Settings  # noqa: E402
-from ledger.domain import accounts  # noqa: E402
 from tests.reactions.tally_service import service as tally_service  # noqa: E402
 
 Batch = tuple[int, list[Any]]
@@ -43,21 +38,9 @@ SETTINGS = Settings.from_env({}, app_id="bench", dedup_window=100)
 
 def aggregate_run(work: list[Batch]) -> tuple[int, list[Batch]]:
     """The aggregate's step over the commands; returns the count and the events it made."""
-    step = AggregateStep(SETTINGS, accounts.bind("bench"), ErrorPolicies(), ())
-    tasks: dict[int, Task] = {}
     events: dict[int, list[InputRecord]] = {}
-    for partition, records in work:
-        task = tasks.get(partition)
-        if task is None:
-            task = tasks[partition] = Task(partition, DictStore(), cache=step.new_cache())
-        out = step(task, records, {})
-        task.store.values.update(out.puts)  # type: ignore[attr-defined]
-        assert out.persisted is not None
-        out.persisted()
-        made = events.setdefault(partition, [])
-        for key, value, headers in out.outputs.get("bench-events", []):
-            made.append(InputRecord(len(made), key, value, headers=tuple(headers or ())))
-    return sum(len(r) for _, r in work), [(p, r) for p, r in events.items()]
+    count = enhydra(work, events)
+    return count, list(events.items())
 
 
 def reaction_run(work: list[Batch]) -> int:
@@ -92,35 +75,23 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="records per partition batch")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if args.rounds < 3:
-        raise SystemExit("--rounds must be at least 3: the ratio is a median")
     commands = batches(args.keys, args.commands, args.batch)
     _, events = aggregate_run(commands)
     count = sum(len(r) for _, r in events)  # the same number of records on both sides
     commands = cut(commands, args.batch, count)
     events = cut(events, args.batch, count)
     before = load_average()
-    gc.collect()
-    gc.freeze()
-    runs: dict[str, list[float]] = {"aggregate step": [], "reaction step": []}
-    steps: dict[str, Callable[[], int]] = {
-        "aggregate step": lambda: aggregate_run(commands)[0],
-        "reaction step": lambda: reaction_run(events),
-    }
-    for _ in range(args.rounds):
-        for name, fn in steps.items():
-            started = time.process_time()
-            n = fn()
-            runs[name].append((time.process_time() - started) / n * 1e6)
+    runs = cpu_rounds(
+        {
+            "aggregate step": lambda: aggregate_run(commands)[0],
+            "reaction step": lambda: reaction_run(events),
+        },
+        args.rounds,
+    )
     print(f"pure step per record, {count:,} records each, {args.keys:,} keys, ", end="")
     print(f"batches of {args.batch}; {machine()}")
     print(f"medians of {args.rounds} alternating rounds; 1-min load {before} -> {load_average()}")
-    print(
-        table(
-            ["step", "CPU µs/record (median)", "rounds"],
-            [[n, f"{median(v):.2f}", " ".join(f"{x:.2f}" for x in v)] for n, v in runs.items()],
-        )
-    )
+    print(cpu_table(runs))
     ratio = median(runs["aggregate step"]) / median(runs["reaction step"])
     print(f"reaction throughput / aggregate throughput (CPU per record): {ratio:.2f}")
 
