@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-
 from enhydra import Aggregate, Rejection
 
 OrderId = Annotated[str, msgspec.Meta(min_length=1)]

@@ -7,8 +7,8 @@ contracts/payments.json hold the upstreams' own): only the fields read here are 
 from __future__ import annotations
 
 import msgspec
-
 from enhydra.reactions import Emit, Reaction, Upstream
+
 from orders.domain import Confirm, Reject
 from orders.upstreams import app_id
 

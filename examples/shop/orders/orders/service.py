@@ -4,6 +4,7 @@ The values here are defaults: every ENHYDRA_* environment variable overrides the
 """
 
 from enhydra import Service
+
 from orders.domain import orders
 from orders.reactions import reactions
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from orders.service import service
-
 from enhydra.testing import Driver
+
+from orders.service import service
 
 PLACE = {"type": "place", "order": "o1", "sku": "mug", "quantity": 2, "amount": 30}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-
 from enhydra import Aggregate, Rejection
 
 LIMIT = 1000  # euros: larger payments are declined

@@ -7,8 +7,8 @@ stock's own): only the fields read here are declared.
 from __future__ import annotations
 
 import msgspec
-
 from enhydra.reactions import Emit, Reaction, Upstream
+
 from payments.domain import Request
 from payments.upstreams import app_id
 

@@ -4,6 +4,7 @@ The values here are defaults: every ENHYDRA_* environment variable overrides the
 """
 
 from enhydra import Service
+
 from payments.domain import payments
 from payments.reactions import reactions
 

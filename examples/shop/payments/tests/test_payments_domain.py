@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from enhydra.testing import Driver
+
 from payments.domain import LIMIT
 from payments.service import service
-
-from enhydra.testing import Driver
 
 
 def reserved(order: str, amount: int) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-
 from enhydra import Aggregate, Rejection
 
 Sku = Annotated[str, msgspec.Meta(min_length=1)]

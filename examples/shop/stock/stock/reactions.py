@@ -6,9 +6,11 @@ orders' own): only the fields read here are declared.
 
 from __future__ import annotations
 
-import msgspec
+from typing import Literal
 
+import msgspec
 from enhydra.reactions import Emit, Reaction, Upstream
+
 from stock.domain import Release, Reserve
 from stock.upstreams import app_id
 
@@ -20,7 +22,7 @@ class OrderPlaced(msgspec.Struct, tag="placed"):
 
 
 class OrderRejected(msgspec.Struct, tag="rejected"):
-    reason: str
+    reason: Literal["out_of_stock", "payment_declined"]
     sku: str
     quantity: int
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stock.service import service
-
 from enhydra.testing import Driver
+
+from stock.service import service
 
 
 def placed(order: str, quantity: int) -> tuple[str, dict]:
