@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from enhydra.kafka.clients import as_connection
+from enhydra.kafka.reading import end_offsets
 from enhydra.testing.invariants import check_service
 from enhydra.testing.processes import produce_json, read_topic, wait_for_committed
 from tests.examples_shop.conftest import pythonpath
@@ -26,6 +28,7 @@ from tests.integration.ledger_support import produce_in_chunks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+# name -> (target, store, the services whose events it reacts to)
 SERVICES = {
     "orders": ("orders.service:service", "orders", ("stock", "payments")),
     "stock": ("stock.service:service", "items", ("orders",)),
@@ -142,8 +145,5 @@ async def settled(bootstrap: str, prefix: str, timeout: float = 180) -> None:
 
 
 async def ends(bootstrap: str, topics: list[str]) -> dict[str, dict[int, int]]:
-    from enhydra.kafka.clients import as_connection
-    from enhydra.kafka.reading import end_offsets
-
     conn = as_connection(bootstrap)
     return {topic: await end_offsets(conn, topic) for topic in sorted(set(topics))}
