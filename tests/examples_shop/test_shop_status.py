@@ -19,7 +19,7 @@ from enhydra.testing.processes import produce_json, wait_for_committed
 from tests.examples_shop.conftest import pythonpath
 from tests.query.test_status_page import browse, chromium
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 PLACED = 6
 
