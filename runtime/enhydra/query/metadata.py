@@ -66,6 +66,20 @@ def projections_report(projections: Mapping[str, ProjectionEngine]) -> dict[str,
     return report
 
 
+def reactions_report(reactions: Mapping[str, Any]) -> dict[str, Any]:
+    """The reactions running here (name -> ReactionEngine): their tasks and counters, and their
+    lag (the upstream events on the broker they have not turned into commands yet)."""
+    report = {}
+    for name, engine in sorted(reactions.items()):
+        lags = engine.input_lag()
+        report[name] = {
+            **engine.describe(),
+            "lag": sum(lags.values()),
+            "lags": {str(p): lag for p, lag in sorted(lags.items())},
+        }
+    return report
+
+
 def topology(engine: Engine) -> dict[str, Any]:
     """The topics around the store: what the status page draws."""
     aggregate = engine.aggregate
@@ -126,6 +140,7 @@ def describe_instance(
         "processed": report.get("processed") if report else None,
         "rebalances": report.get("rebalances") if report else None,
         "projections": report.get("projections", {}) if report else {},
+        "reactions": report.get("reactions", {}) if report else {},
         "recent_rejections": report.get("recent_rejections", []) if report else [],
     }
 

@@ -14,7 +14,7 @@ and the store written).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from enhydra.runner import histogram
@@ -23,6 +23,7 @@ from enhydra.stores.partition import memory_usage as store_memory_usage
 
 if TYPE_CHECKING:
     from enhydra.processing.engine import Engine
+    from enhydra.reactions.engine import ReactionEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -228,3 +229,48 @@ def engine_metrics(out: Exposition, engine: Engine | None, store: str) -> None:
         used,
     )
     out.add("enhydra_store_memory_limit_bytes", "gauge", "ENHYDRA_STORE_MEMORY_MB", limit)
+
+
+def reaction_metrics(out: Exposition, reactions: Mapping[str, ReactionEngine]) -> None:
+    """Per reaction: upstream events read, commands written, events it does not read, failures
+    by stage, and its lag (upstream events on the broker not turned into commands yet).
+
+    A command the receiving aggregate rejects is counted there (`enhydra_rejections_total` of
+    the receiving service; its command id starts with the reaction's name).
+    """
+    for name, text in (
+        ("processed", "upstream events a reaction read"),
+        ("commands", "commands a reaction wrote"),
+        ("ignored", "upstream events of types a reaction does not read"),
+        ("batches", "batches a reaction processed"),
+    ):
+        out.family(f"enhydra_reaction_{name}_total", "counter", text)
+    out.family(
+        "enhydra_reaction_failed_records_total",
+        "counter",
+        "upstream events a reaction failed on, by stage and error (its error policies took them)",
+    )
+    out.family(
+        "enhydra_reaction_lag_records",
+        "gauge",
+        "upstream events on the broker a reaction has not read yet, per active partition",
+    )
+    for reaction, engine in sorted(reactions.items()):
+        labels = {"reaction": reaction, "source": engine.reaction.source}
+        for name in ("processed", "commands", "ignored", "batches"):
+            out.add(
+                f"enhydra_reaction_{name}_total", "counter", "", engine.stats.get(name, 0), **labels
+            )
+        for key, count in sorted(engine.failures.items()):
+            stage, _, error = key.partition(":")
+            out.add(
+                "enhydra_reaction_failed_records_total",
+                "counter",
+                "",
+                count,
+                **labels,
+                stage=stage,
+                error_class=error,
+            )
+        for partition, lag in sorted(engine.input_lag().items()):
+            out.add("enhydra_reaction_lag_records", "gauge", "", lag, **labels, partition=partition)

@@ -22,7 +22,7 @@ def routes(ctx: ApiContext) -> list[Route]:
         report = meta.local_report(ctx.engine(), instance_id, store_name)
         report["projections"] = meta.projections_report(ctx.projections())
         if reactions := ctx.reactions():
-            report["reactions"] = {n: e.describe() for n, e in sorted(reactions.items())}
+            report["reactions"] = meta.reactions_report(reactions)
         return report
 
     async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:
@@ -77,7 +77,7 @@ def routes(ctx: ApiContext) -> list[Route]:
             "/v1/metadata",
             metadata,
             "every instance: URL, tags, active / standby / warm-up partitions with lags, "
-            "projections with lags, recent rejections; the DLQ's size",
+            "projections and reactions with lags, recent rejections; the DLQ's size",
             "metadata",
             "query",
             (
@@ -105,8 +105,8 @@ def routes(ctx: ApiContext) -> list[Route]:
             "GET",
             "/v1/stats",
             stats,
-            "this instance's tasks, counters, projections, recent rejections and the snapshots "
-            "under way; the DLQ's size",
+            "this instance's tasks, counters, projections, reactions, recent rejections and the "
+            "snapshots under way; the DLQ's size",
             "metadata",
             "query",
             responses=(200, 503),

@@ -1,0 +1,1 @@
+"""Orders: the shop's orders, settled by what stock and payments answer."""

@@ -1,0 +1,19 @@
+"""The orders service: the orders aggregate, and reactions to stock's and payments' events.
+
+The values here are defaults: every ENHYDRA_* environment variable overrides them.
+"""
+
+from enhydra import Service
+
+from orders.domain import orders
+from orders.reactions import reactions
+
+service = Service(
+    "orders",
+    orders,
+    partitions=4,
+    web_port=6066,
+    deserialization_exception_handler="dlq",
+    processing_exception_handler="dlq",
+    reactions=reactions(),
+)

@@ -1,0 +1,1 @@
+"""Payments: one payment per order, asked for once stock has reserved its items."""

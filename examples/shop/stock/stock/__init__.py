@@ -1,0 +1,1 @@
+"""Stock: items available and reserved per sku, reserved for orders as they are placed."""
