@@ -484,3 +484,18 @@ def test_schema_differences_follow_nested_and_optional_types(
         assert found and bad == [], found
     else:
         assert any(b.startswith(narrowed) for b in bad), found
+
+
+def test_a_literal_written_upstream_read_as_a_plain_string_is_compatible() -> None:
+    """A msgspec Literal has an enum and no "type": its values say it is a string."""
+
+    class Written(msgspec.Struct):
+        reason: Literal["out_of_stock", "declined"]
+
+    class Read(msgspec.Struct):
+        reason: str
+
+    differences = schema_differences(json_schema(Written), json_schema(Read))
+    assert all(ok for ok, _ in differences), differences
+    back = schema_differences(json_schema(Read), json_schema(Written))
+    assert not all(ok for ok, _ in back), "a string read as a Literal narrows it"

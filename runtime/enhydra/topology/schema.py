@@ -33,11 +33,24 @@ _BOUNDS = {
 Defs = Mapping[str, Any]
 
 
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "object")
+
+
 def _types(schema: Mapping[str, Any]) -> set[str] | None:
+    """The schema's JSON types; an enum or const without "type" (a Literal) has its values'."""
     kind = schema.get("type")
-    if kind is None:
-        return None
-    return {kind} if isinstance(kind, str) else set(kind)
+    if kind is not None:
+        return {kind} if isinstance(kind, str) else set(kind)
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list) and values:
+        return {_json_type(v) for v in values}
+    return None
 
 
 def _resolve(schema: Mapping[str, Any], defs: Defs, seen: frozenset[str]) -> Mapping[str, Any]:
