@@ -23,6 +23,8 @@ def routes(ctx: ApiContext) -> list[Route]:
         report["projections"] = meta.projections_report(ctx.projections())
         if reactions := ctx.reactions():
             report["reactions"] = {n: e.describe() for n, e in sorted(reactions.items())}
+        if sagas := ctx.sagas():
+            report["sagas"] = dict(sorted(sagas.items()))
         return report
 
     async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:
