@@ -51,6 +51,8 @@ def checkout(state: dict[str, Any] | None, upstream: Upstream):
     kind = upstream.event["type"]
     order = upstream.event["order"]
     if kind == "placed":
+        if state and state.get("paid"):  # the payment's event came first (another topic)
+            return {**state, "placed": True}, [], []
         cancel = Emit(order, {"type": "cancel", "order": order})
         return {"placed": True}, [], [Deadline("unpaid", UNPAID_S, cancel)]
     if kind in ("paid", "captured"):

@@ -256,3 +256,10 @@ def test_deadlines_fire_exactly_once_as_a_model_says(script):
                 del pending[k]
     assert set(fired) == expected  # every due deadline fired, no cancelled one did
     assert len(fired) - len(set(fired)) <= sum(op[0] == "crash" for op in script) * 6
+
+
+def test_a_payment_seen_before_its_order_schedules_no_deadline():
+    driver = shop()
+    driver.feed_saga("checkout", "payments", "p-1", {"type": "captured", "order": "o1"})
+    place(driver, "o1")
+    assert driver.deadlines("checkout", "o1") == {} and driver.advance(1000) == []

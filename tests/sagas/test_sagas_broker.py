@@ -1,0 +1,146 @@
+"""Sagas on the real broker: the checkout saga cancels unpaid orders when their deadline fires.
+
+The saga reads the shop's own events and a payments service's (produced here straight into
+`<app>-payments-events`, keyed by payment id, so re-keying by order id is needed). Every
+order's state is read from the shop; the receiver (the orders aggregate) counts the cancels
+it applied, and the commands topic holds each cancel's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from enhydra.testing.processes import produce_json, read_topic
+from tests.integration.ledger_support import ask_all, produce_in_chunks
+
+SHOP = "tests.sagas.checkout_service:service"
+
+pytestmark = pytest.mark.integration
+
+
+def places(orders: list[str]) -> list[tuple[str, dict]]:
+    return [
+        (o, {"type": "place", "order": o, "amount": 1, "command_id": f"place-{o}"}) for o in orders
+    ]
+
+
+def captures(orders: list[str]) -> list[tuple[str, dict]]:
+    return [(f"pay-{o}", {"type": "captured", "order": o}) for o in orders]
+
+
+def saga_stats(instance) -> dict:
+    status, stats = instance.get("/v1/stats")
+    return (stats.get("sagas") or {}).get("checkout", {}) if status == 200 else {}
+
+
+def read_orders(instance, orders: list[str]) -> dict[str, dict]:
+    found = {}
+    for order in orders:
+        [(status, body)] = ask_all([instance], f"/v1/stores/orders/keys/{order}")
+        found[order] = body if status == 200 else None
+    return found
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout} s")
+
+
+def cancels_in(kafka_bootstrap: str, topic: str) -> list[str]:
+    written = asyncio.run(read_topic(kafka_bootstrap, topic))
+    commands = [json.loads(record.value) for record in written]
+    return [c["command_id"] for c in commands if c.get("type") == "cancel"]
+
+
+def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    payments = f"{app_id}-payments"
+    env = {"CHECKOUT_UNPAID_S": "3", "CHECKOUT_PAYMENTS": payments}
+    shop = service_factory(SHOP, "s1", extra_env=env)
+    shop.wait_ready()
+    orders = [f"o{n}" for n in range(40)]
+    paid, unpaid = orders[::2], orders[1::2]
+
+    async def flow() -> None:
+        await produce_json(kafka_bootstrap, f"{app_id}-commands", places(orders))
+        await produce_json(kafka_bootstrap, f"{payments}-events", captures(paid))
+
+    asyncio.run(flow())
+    wait_until(lambda: saga_stats(shop).get("fired", 0) >= len(unpaid), 60, "every deadline fired")
+
+    def every_order():
+        states = read_orders(shop, orders)
+        return states if all(states.values()) else None
+
+    states = wait_until(every_order, 30, "every order read")
+    assert {o: s["status"] for o, s in states.items()} == {
+        **{o: "placed" for o in paid},
+        **{o: "cancelled" for o in unpaid},
+    }
+    assert all(states[o]["cancels"] == 1 for o in unpaid)
+    time.sleep(1)
+    stats = saga_stats(shop)
+    assert stats["fired"] == len(unpaid) and stats["deadlines_pending"] == 0
+    assert stats["cancelled"] == len(paid) and stats["failures"] == {}
+    assert set(stats["forwarders"]) == {app_id, payments}
+    ids = cancels_in(kafka_bootstrap, f"{app_id}-commands")
+    assert sorted(ids) == sorted(f"checkout:{o}:deadline:unpaid:1" for o in unpaid)
+
+
+@pytest.mark.slow
+def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    """kill -9 of the only instance while deadlines are pending; they come due while it is
+    down, and the restarted instance (same state dir) fires each once: the receiver applies
+    one cancel per unpaid order, and copies sent around the crash carry the same id."""
+    unpaid_s = 5.0
+    env = {"CHECKOUT_UNPAID_S": str(unpaid_s), "ENHYDRA_COMMIT_INTERVAL_MS": "60000"}
+    shop = service_factory(SHOP, "s1", state_dir=tmp_path / "s1", extra_env=env)
+    shop.wait_ready()
+    orders = [f"o{n}" for n in range(300)]
+    payers = set(orders[::3])
+    unpaid = [o for o in orders if o not in payers]
+    commands = []  # a payer's pay right after its place: same key, so the saga sees it after
+    for order, place in places(orders):
+        commands.append((order, place))
+        if order in payers:
+            commands.append((order, {"type": "pay", "order": order, "command_id": f"pay-{order}"}))
+    topic = f"{app_id}-commands"
+    asyncio.run(produce_in_chunks(kafka_bootstrap, topic, commands, chunk=40, pause=0.6))
+    at_kill = wait_until(
+        lambda: s if (s := saga_stats(shop)).get("fired", 0) >= 20 else None, 60, "first fires"
+    )
+    shop.kill()
+    assert at_kill["deadlines_pending"] > 0, at_kill
+    time.sleep(unpaid_s + 1)  # every pending deadline is due while the instance is down
+    again = service_factory(SHOP, "s1-again", state_dir=tmp_path / "s1", extra_env=env)
+    again.wait_ready()
+
+    def all_cancelled():
+        states = read_orders(again, orders)
+        done = all(states[o] and states[o]["status"] == "cancelled" for o in unpaid)
+        return states if done else None
+
+    states = wait_until(all_cancelled, 90, "every unpaid order cancelled")
+    time.sleep(2)  # a late copy would have arrived by now
+    states = read_orders(again, orders)
+    assert [o for o in unpaid if states[o]["cancels"] != 1] == []
+    assert [o for o in payers if states[o]["status"] != "paid"] == []
+    assert saga_stats(again)["deadlines_pending"] == 0
+    ids = cancels_in(kafka_bootstrap, f"{app_id}-commands")
+    assert set(ids) == {f"checkout:{o}:deadline:unpaid:1" for o in unpaid}
+    print(
+        f"killed after {at_kill['fired']} fired, {at_kill['deadlines_pending']} pending; "
+        f"{len(ids)} cancel commands for {len(unpaid)} unpaid orders "
+        f"({len(ids) - len(set(ids))} copies skipped by id)"
+    )
