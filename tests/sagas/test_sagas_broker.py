@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+import urllib.request
 
 import pytest
 
 from enhydra.testing.processes import produce_json, read_topic
 from tests.integration.ledger_support import ask_all, produce_in_chunks
+from tests.query.test_status_page import browse, chromium
 
 SHOP = "tests.sagas.checkout_service:service"
 
@@ -94,6 +97,16 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
     assert set(stats["forwarders"]) == {app_id, payments}
     ids = cancels_in(kafka_bootstrap, f"{app_id}-commands")
     assert sorted(ids) == sorted(f"checkout:{o}:deadline:unpaid:1" for o in unpaid)
+    with urllib.request.urlopen(shop.url + "/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert f'enhydra_saga_deadlines_fired_total{{saga="checkout"}} {len(unpaid)}' in metrics
+    assert 'enhydra_saga_deadlines_pending{saga="checkout"} 0' in metrics
+    # the status page's line for the saga (a real browser renders it)
+    dom = browse(chromium(), tmp_path / "profile", shop.url + "/", "--dump-dom")
+    row = re.search(r'<tr data-saga="checkout" data-instance="s1">(.*?)</tr>', dom.stdout)
+    assert row, dom.stdout[-3000:]
+    assert '<td class="pending">0</td>' in row.group(1)
+    assert f'<td class="fired">{len(unpaid)}</td>' in row.group(1)
 
 
 @pytest.mark.slow

@@ -126,6 +126,7 @@ def describe_instance(
         "processed": report.get("processed") if report else None,
         "rebalances": report.get("rebalances") if report else None,
         "projections": report.get("projections", {}) if report else {},
+        "sagas": report.get("sagas", {}) if report else {},
         "recent_rejections": report.get("recent_rejections", []) if report else [],
     }
 
