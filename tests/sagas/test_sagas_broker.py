@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 import urllib.request
 
@@ -113,9 +114,10 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
 def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
     service_factory, kafka_bootstrap, app_id, tmp_path
 ):
-    """kill -9 of the only instance while deadlines are pending; they come due while it is
-    down, and the restarted instance (same state dir) fires each once: the receiver applies
-    one cancel per unpaid order, and copies sent around the crash carry the same id."""
+    """kill -9 of the only instance while deadlines are pending and due: it is frozen
+    (SIGSTOP) once deadlines fire, every pending one comes due while it is frozen, then it is
+    killed. The restarted instance (same state dir) fires each once: the receiver applies one
+    cancel per unpaid order, and copies sent around the crash carry the same id."""
     unpaid_s = 5.0
     env = {"CHECKOUT_UNPAID_S": str(unpaid_s), "ENHYDRA_COMMIT_INTERVAL_MS": "60000"}
     shop = service_factory(SHOP, "s1", state_dir=tmp_path / "s1", extra_env=env)
@@ -133,9 +135,11 @@ def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
     at_kill = wait_until(
         lambda: s if (s := saga_stats(shop)).get("fired", 0) >= 20 else None, 60, "first fires"
     )
+    assert shop.process is not None
+    shop.process.send_signal(signal.SIGSTOP)
+    time.sleep(unpaid_s + 1)  # every pending deadline comes due while the instance is frozen
     shop.kill()
     assert at_kill["deadlines_pending"] > 0, at_kill
-    time.sleep(unpaid_s + 1)  # every pending deadline is due while the instance is down
     again = service_factory(SHOP, "s1-again", state_dir=tmp_path / "s1", extra_env=env)
     again.wait_ready()
 
@@ -155,5 +159,6 @@ def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
     print(
         f"killed after {at_kill['fired']} fired, {at_kill['deadlines_pending']} pending; "
         f"{len(ids)} cancel commands for {len(unpaid)} unpaid orders "
-        f"({len(ids) - len(set(ids))} copies skipped by id)"
+        f"({len(ids) - len(set(ids))} copies skipped by id); after the restart "
+        f"{saga_stats(again)['duplicates']} inbox records were skipped as already handled"
     )
