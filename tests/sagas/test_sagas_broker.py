@@ -110,55 +110,101 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
     assert f'<td class="fired">{len(unpaid)}</td>' in row.group(1)
 
 
-@pytest.mark.slow
-def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
-    service_factory, kafka_bootstrap, app_id, tmp_path
-):
-    """kill -9 of the only instance while deadlines are pending and due: it is frozen
-    (SIGSTOP) once deadlines fire, every pending one comes due while it is frozen, then it is
-    killed. The restarted instance (same state dir) fires each once: the receiver applies one
-    cancel per unpaid order, and copies sent around the crash carry the same id."""
-    unpaid_s = 5.0
-    env = {"CHECKOUT_UNPAID_S": str(unpaid_s), "ENHYDRA_COMMIT_INTERVAL_MS": "60000"}
-    shop = service_factory(SHOP, "s1", state_dir=tmp_path / "s1", extra_env=env)
-    shop.wait_ready()
+UNPAID_S = 5.0
+FAULT_ENV = {"CHECKOUT_UNPAID_S": str(UNPAID_S), "ENHYDRA_COMMIT_INTERVAL_MS": "60000"}
+
+
+def order_flow(kafka_bootstrap: str, app_id: str) -> tuple[list[str], set[str], list[str]]:
+    """300 orders placed over ~5 s, a third paid right after being placed (same key, so the
+    saga sees the payment after the order): (orders, payers, unpaid)."""
     orders = [f"o{n}" for n in range(300)]
     payers = set(orders[::3])
-    unpaid = [o for o in orders if o not in payers]
-    commands = []  # a payer's pay right after its place: same key, so the saga sees it after
+    commands = []
     for order, place in places(orders):
         commands.append((order, place))
         if order in payers:
             commands.append((order, {"type": "pay", "order": order, "command_id": f"pay-{order}"}))
     topic = f"{app_id}-commands"
     asyncio.run(produce_in_chunks(kafka_bootstrap, topic, commands, chunk=40, pause=0.6))
-    at_kill = wait_until(
-        lambda: s if (s := saga_stats(shop)).get("fired", 0) >= 20 else None, 60, "first fires"
+    return orders, payers, [o for o in orders if o not in payers]
+
+
+def kill_with_deadlines_due(instance) -> dict:
+    """Once deadlines fire, freeze `instance` (SIGSTOP) until every deadline pending in it is
+    due, then kill -9 it; its saga stats just before the freeze."""
+    before = wait_until(
+        lambda: s if (s := saga_stats(instance)).get("fired", 0) >= 20 else None, 60, "fires"
     )
-    assert shop.process is not None
-    shop.process.send_signal(signal.SIGSTOP)
-    time.sleep(unpaid_s + 1)  # every pending deadline comes due while the instance is frozen
-    shop.kill()
-    assert at_kill["deadlines_pending"] > 0, at_kill
-    again = service_factory(SHOP, "s1-again", state_dir=tmp_path / "s1", extra_env=env)
-    again.wait_ready()
+    assert instance.process is not None
+    instance.process.send_signal(signal.SIGSTOP)
+    time.sleep(UNPAID_S + 1)
+    instance.kill()
+    assert before["deadlines_pending"] > 0, before
+    return before
+
+
+def check_each_fired_once(kafka_bootstrap, app_id, survivor, orders, payers, unpaid) -> int:
+    """Every unpaid order cancelled exactly once at the receiver, paid ones never, nothing
+    pending; the cancel ids are the deadlines'. Returns the copies skipped by id."""
 
     def all_cancelled():
-        states = read_orders(again, orders)
+        states = read_orders(survivor, orders)
         done = all(states[o] and states[o]["status"] == "cancelled" for o in unpaid)
         return states if done else None
 
-    states = wait_until(all_cancelled, 90, "every unpaid order cancelled")
+    wait_until(all_cancelled, 90, "every unpaid order cancelled")
     time.sleep(2)  # a late copy would have arrived by now
-    states = read_orders(again, orders)
+    states = read_orders(survivor, orders)
     assert [o for o in unpaid if states[o]["cancels"] != 1] == []
     assert [o for o in payers if states[o]["status"] != "paid"] == []
-    assert saga_stats(again)["deadlines_pending"] == 0
+    assert saga_stats(survivor)["deadlines_pending"] == 0
     ids = cancels_in(kafka_bootstrap, f"{app_id}-commands")
     assert set(ids) == {f"checkout:{o}:deadline:unpaid:1" for o in unpaid}
+    return len(ids) - len(set(ids))
+
+
+@pytest.mark.slow
+def test_kill_9_with_deadlines_pending_and_due_fires_each_exactly_once(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    """kill -9 of the only instance while deadlines are pending and due (kill_with_deadlines_due);
+    the restarted instance (same state dir) fires each once: the receiver applies one cancel
+    per unpaid order, and copies sent around the crash carry the same id."""
+    shop = service_factory(SHOP, "s1", state_dir=tmp_path / "s1", extra_env=FAULT_ENV)
+    shop.wait_ready()
+    orders, payers, unpaid = order_flow(kafka_bootstrap, app_id)
+    before = kill_with_deadlines_due(shop)
+    again = service_factory(SHOP, "s1-again", state_dir=tmp_path / "s1", extra_env=FAULT_ENV)
+    again.wait_ready()
+    copies = check_each_fired_once(kafka_bootstrap, app_id, again, orders, payers, unpaid)
     print(
-        f"killed after {at_kill['fired']} fired, {at_kill['deadlines_pending']} pending; "
-        f"{len(ids)} cancel commands for {len(unpaid)} unpaid orders "
-        f"({len(ids) - len(set(ids))} copies skipped by id); after the restart "
-        f"{saga_stats(again)['duplicates']} inbox records were skipped as already handled"
+        f"killed after {before['fired']} fired, {before['deadlines_pending']} pending; "
+        f"{len(unpaid)} unpaid orders cancelled once ({copies} copies skipped by id); "
+        f"{saga_stats(again)['duplicates']} inbox records skipped as already handled"
+    )
+
+
+@pytest.mark.slow
+def test_failover_moves_pending_deadlines_to_the_other_instance(
+    service_factory, kafka_bootstrap, app_id, tmp_path
+):
+    """Two instances; one is killed with deadlines pending and due. The other takes over its
+    saga partitions, restores their state and deadlines from the changelog (it never held
+    them), and fires each once."""
+    first = service_factory(SHOP, "s1", state_dir=tmp_path / "s1", extra_env=FAULT_ENV)
+    second = service_factory(SHOP, "s2", state_dir=tmp_path / "s2", extra_env=FAULT_ENV)
+    first.wait_ready()
+    second.wait_ready()
+    wait_until(
+        lambda: saga_stats(first).get("partitions") and saga_stats(second).get("partitions"),
+        60,
+        "the saga's partitions shared by both instances",
+    )
+    orders, payers, unpaid = order_flow(kafka_bootstrap, app_id)
+    before = kill_with_deadlines_due(first)
+    wait_until(lambda: len(saga_stats(second).get("partitions") or {}) == 4, 60, "takeover")
+    copies = check_each_fired_once(kafka_bootstrap, app_id, second, orders, payers, unpaid)
+    print(
+        f"failover after {before['fired']} fired, {before['deadlines_pending']} pending on "
+        f"the killed instance; {copies} copies skipped by id"
     )
