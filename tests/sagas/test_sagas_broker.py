@@ -16,6 +16,7 @@ import time
 import urllib.request
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from enhydra.testing.processes import produce_json, read_topic
 from tests.integration.ledger_support import ask_all, produce_in_chunks
@@ -108,6 +109,29 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
     assert row, dom.stdout[-3000:]
     assert '<td class="pending">0</td>' in row.group(1)
     assert f'<td class="fired">{len(unpaid)}</td>' in row.group(1)
+
+
+def test_a_source_partitioned_otherwise_stops_the_start_with_one_line(
+    service_factory, kafka_bootstrap, app_id
+):
+    """The saga re-keys its sources into its inbox, but every topic of the service has its
+    partition count: a source with another count is refused at start, before any event."""
+    payments = f"{app_id}-payments"
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(f"{payments}-events", 2, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    shop = service_factory(SHOP, "s1", extra_env={"CHECKOUT_PAYMENTS": payments})
+    assert shop.process is not None and shop.process.wait(60) != 0
+    line = f"topic '{payments}-events' has 2 partitions but the service expects 4"
+    assert line in shop.log_tail(200)
+    assert "Traceback" not in shop.log_tail(200)
 
 
 UNPAID_S = 5.0
