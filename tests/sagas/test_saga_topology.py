@@ -33,6 +33,9 @@ def test_a_saga_lists_its_inbox_its_forwarders_and_their_upstream_channels(monke
     receive = document["operations"]["react_checkout_from_payments"]
     assert receive["action"] == "receive" and "payments-events" in document["channels"]
     assert "shop-checkout-saga-inbox" not in document["channels"]  # internal
+    # reading its own events adds no message to the service's own events channel
+    own = asyncapi_of(Service("shop", Aggregate("orders", decide, apply)))
+    assert document["channels"]["shop-events"] == own["channels"]["shop-events"]
     assert document["operations"]["saga_checkout_send_shop_commands"]["action"] == "send"
 
 

@@ -483,6 +483,9 @@ def _reaction_operations(
             )
             for name, schema in reads.items()
         } or {"event": _message("event", f"any event of {source}", _generic("event"), key)}
+        if reaction.get("saga") and not reads and topic in channels:
+            # a saga reading this service's own events: the channel already lists them all
+            messages = channels[topic]["messages"]
         channel = channels.setdefault(
             topic,
             _channel(
