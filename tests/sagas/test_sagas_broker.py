@@ -65,11 +65,16 @@ def cancels_in(kafka_bootstrap: str, topic: str) -> list[str]:
     return [c["command_id"] for c in commands if c.get("type") == "cancel"]
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
-    service_factory, kafka_bootstrap, app_id, tmp_path
+    service_factory, kafka_bootstrap, app_id, tmp_path, guarantee
 ):
     payments = f"{app_id}-payments"
-    env = {"CHECKOUT_UNPAID_S": "3", "CHECKOUT_PAYMENTS": payments}
+    env = {
+        "CHECKOUT_UNPAID_S": "3",
+        "CHECKOUT_PAYMENTS": payments,
+        "ENHYDRA_PROCESSING_GUARANTEE": guarantee,
+    }
     shop = service_factory(SHOP, "s1", extra_env=env)
     shop.wait_ready()
     orders = [f"o{n}" for n in range(40)]
