@@ -64,6 +64,7 @@ from enhydra.reactions.engine import ReactionEngine
 from enhydra.reactions.host import ReactionHost
 from enhydra.runner.registry import Verdict
 from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
+from enhydra.sagas.host import SagaHost, saga_engines
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.admission import refusal, same_storage
 from enhydra.snapshots.live import (
@@ -110,6 +111,11 @@ def topic_specs(service: ResolvedService) -> list[TopicSpec]:
         engine = ReactionEngine(s, reaction, bound.commands_topic, policies=service.policies)
         for spec in engine.topic_specs():
             specs.setdefault(spec.name, spec)
+    for saga in service.sagas:
+        runner, forwarders = saga_engines(s, saga, bound.commands_topic, policies=service.policies)
+        for part in (runner, *forwarders):
+            for spec in part.topic_specs():
+                specs.setdefault(spec.name, spec)
     return list(specs.values())
 
 
@@ -136,6 +142,7 @@ class Runtime:
         self.engine: Engine | None = None
         self.projection_host: ProjectionHost | None = None
         self.reaction_host: ReactionHost | None = None
+        self.saga_host: SagaHost | None = None
         self.snapshots: LiveSnapshots | None = None
         self.exit_code = 0
         self.liveness: LivenessEndpoint | None = None
@@ -215,6 +222,7 @@ class Runtime:
             self.engine,
             *(self.projection_host.stores().values() if self.projection_host else ()),
             *(self.reaction_host.engines.values() if self.reaction_host else ()),
+            *(self.saga_host.runners() if self.saga_host else ()),
         ]
         for engine in engines:
             if engine is not None:
@@ -225,6 +233,9 @@ class Runtime:
         groups = [self.settings.app_id]
         groups += [p.group_id(self.settings.app_id) for p, _ in self.service.projections]
         groups += [r.group_id(self.settings.app_id) for r in self.service.reactions]
+        for saga in self.service.sagas:
+            groups.append(saga.group_id(self.settings.app_id))
+            groups += [f.group_id(self.settings.app_id) for f in saga.forwarders()]
         return groups
 
     async def remove_member(self, instance: str, member: str | None) -> bool:
@@ -276,6 +287,7 @@ class Runtime:
             self.service.aggregate.name,
             projections=lambda: self.projection_host.stores() if self.projection_host else {},
             reactions=lambda: dict(self.reaction_host.engines) if self.reaction_host else {},
+            sagas=lambda: self.saga_host.describe() if self.saga_host else {},
             plugins=lambda: [p.describe() for p in self.service.plugins],
             settings=s,
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),
@@ -446,6 +458,15 @@ class Supervisor:
             shutdown=rt.shutdown,
         )
         await rt.reaction_host.start()
+        rt.saga_host = SagaHost(
+            s,
+            rt.service.sagas,
+            rt.bound.commands_topic,
+            policies=rt.service.policies,
+            transient=rt.service.spec.transient_errors,
+            shutdown=rt.shutdown,
+        )
+        await rt.saga_host.start()
         settle_heap()
 
     async def stop(self) -> None:
@@ -458,6 +479,8 @@ class Supervisor:
                 await part.stop()
         for pending in self._handling:
             pending.cancel()
+        if rt.saga_host is not None:
+            await rt.saga_host.stop()
         if rt.reaction_host is not None:
             await rt.reaction_host.stop()
         if rt.projection_host is not None:

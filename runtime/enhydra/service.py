@@ -23,6 +23,7 @@ from enhydra.plugins import LoadedPlugin, PluginError, load_plugins
 from enhydra.preflight import StartupConflict, check_web_port, claim_state_dir
 from enhydra.projections.model import Projection
 from enhydra.reactions.model import Reaction
+from enhydra.sagas.model import Saga
 from enhydra.settings import Settings, SettingsError, unknown_variables
 from enhydra.spec import ResolvedService, ServiceSpec, SnapshotHook, resolve
 
@@ -48,6 +49,7 @@ class Service:
         on_uncaught_error: UncaughtHandler | None = None,
         projections: Sequence[Projection] = (),
         reactions: Sequence[Reaction] = (),
+        sagas: Sequence[Saga] = (),
         schemas: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> None:
@@ -62,6 +64,8 @@ class Service:
         self.projections: list[Projection] = list(projections)
         # Commands made from other services' events (enhydra.reactions).
         self.reactions: list[Reaction] = list(reactions)
+        # Process managers over several services' events, with deadlines (enhydra.sagas).
+        self.sagas: list[Saga] = list(sagas)
         # Declared JSON Schemas of key/commands/events/state, compared by `topology check`.
         self.schemas: dict[str, Any] = dict(schemas or {})
         self.defaults: dict[str, Any] = dict(settings)
@@ -87,6 +91,7 @@ class Service:
             aggregate=self.aggregate,
             projections=tuple(self.projections),
             reactions=tuple(self.reactions),
+            sagas=tuple(self.sagas),
             schemas=self.schemas,
             transient_errors=self.transient_errors,
             on_deserialization_error=self.on_deserialization_error,

@@ -22,6 +22,7 @@ from enhydra.errors.uncaught import UncaughtHandler
 from enhydra.plugins import LoadedPlugin, PluginError, extend
 from enhydra.projections.model import Projection
 from enhydra.reactions.model import Reaction
+from enhydra.sagas.model import Saga
 from enhydra.settings import Settings
 
 SnapshotHook = Callable[[str, dict[str, Any]], Any]  # (phase, info), sync or async
@@ -39,6 +40,7 @@ class ServiceSpec:
     aggregate: Aggregate
     projections: tuple[Projection, ...] = ()
     reactions: tuple[Reaction, ...] = ()  # other services' events -> commands (reactions/)
+    sagas: tuple[Saga, ...] = ()  # state per correlation id, with deadlines (sagas/)
     # JSON Schemas of key/commands/events/state, compared by `enhydra topology check`.
     schemas: Mapping[str, Any] = field(default_factory=lambda: _frozen(None))
     transient_errors: tuple[type[BaseException], ...] = ()
@@ -99,6 +101,10 @@ class ResolvedService:
     def reactions(self) -> tuple[Reaction, ...]:
         return self.spec.reactions
 
+    @property
+    def sagas(self) -> tuple[Saga, ...]:
+        return self.spec.sagas
+
 
 def resolve(
     spec: ServiceSpec, settings: Settings, plugins: Sequence[LoadedPlugin] = ()
@@ -131,4 +137,12 @@ def resolve(
                 "names of the aggregate, projections and reactions must be unique"
             )
         seen[reaction.name] = f"reaction {reaction.name!r}"
+    for saga in spec.sagas:  # so is a saga's, and its forwarders are reactions
+        for name in (saga.name, *(f.name for f in saga.forwarders())):
+            if name in seen:
+                raise PluginError(
+                    f"saga {saga.name!r}: {name!r} has the same name as {seen[name]}; names "
+                    "of the aggregate, projections, reactions and sagas must be unique"
+                )
+            seen[name] = f"saga {saga.name!r}"
     return ResolvedService(spec, settings, aggregate, projections, applying)

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
         "snapshots.storage",
         "toolcache",
         "reactions.model",
+        "sagas.model",
     ),
     ("plugins",),
     ("spec", "topology"),
@@ -51,7 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
     # failure detection (probes peers, removes dead members through kafka.membership)
     ("runner", "control", "assignment.protocol", "failover"),
-    ("processing", "projections", "reactions", "snapshots", "spark", "admin"),
+    ("processing", "projections", "reactions", "sagas", "snapshots", "spark", "admin"),
     # the runtime container, and the shells around everything: the CLI, the test kit, the
     # scaffold, and development provisioning (the local broker, the podman image recipe),
     # which no running service imports.

@@ -47,6 +47,7 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
         ("handler", "audit_note"),
         ("projection", "tool_activity"),
         ("reaction", "supplier_sync", "--from", "suppliers"),
+        ("saga", "overdue_tools", "--from", "suppliers"),
         ("job", "weekly_report"),
     ):
         result = enhydra(project, "generate", *args)
@@ -67,6 +68,7 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
         "test_handler_restock",
         "test_projection_tool_activity",
         "test_reaction_supplier_sync",
+        "test_saga_overdue_tools",
         "test_job_weekly",
     ):
         assert any(prefix in name for name in new), (prefix, sorted(new))
@@ -83,6 +85,8 @@ def test_generated_pieces_pass_their_tests_and_keep_the_service_green(
     assert check.returncode == 0, check.stdout + check.stderr
     assert "projection tool_activity: projection added" in check.stdout
     assert "reaction supplier_sync: reaction added" in check.stdout
+    assert "saga overdue_tools: saga added" in check.stdout
+    assert "no contract of tool-shed" not in check.stdout  # the saga reads its own events too
     assert "no contract of suppliers is here" in check.stdout
     shown = json.loads(enhydra(project, "topology", "show", "tool_shed.service:service").stdout)
     assert shown["handlers"][0]["decide"]["restock"] == "tool_shed.handlers.restock:decide"
@@ -118,5 +122,7 @@ def test_refuses_a_bad_name_an_existing_piece_and_a_foreign_folder(
     assert again.returncode == 1 and "nightly.py already exists" in again.stderr
     unsourced = enhydra(project, "generate", "reaction", "sync")
     assert unsourced.returncode == 1 and "--from APP" in unsourced.stderr
+    foreign = enhydra(project, "generate", "job", "late", "--from", "suppliers")
+    assert foreign.returncode == 1 and "--from is for reactions and sagas only" in foreign.stderr
     elsewhere = enhydra(tmp_path, "generate", "job", "x")
     assert elsewhere.returncode == 1 and "no pyproject.toml" in elsewhere.stderr

@@ -1,9 +1,10 @@
-"""`enhydra generate handler|projection|reaction|job NAME`: grow a generated service, with tests.
+"""`enhydra generate handler|projection|reaction|saga|job NAME`: grow a service, with tests.
 
 Renders a template from `generators/<kind>/` into the service found from the current
 directory (its pyproject.toml names the package), then wires the piece in where the service
 will pick it up: a registry module per kind (`PKG/handlers/__init__.py` with HANDLERS,
-`PKG/projections/__init__.py` with PROJECTIONS, `PKG/reactions/__init__.py` with REACTIONS)
+`PKG/projections/__init__.py` with PROJECTIONS, `PKG/reactions/__init__.py` with REACTIONS,
+`PKG/sagas/__init__.py` with SAGAS)
 that this command rewrites, plus a short block
 appended once to `PKG/domain.py` or `PKG/service.py`. Existing files are never overwritten.
 """
@@ -94,7 +95,7 @@ def _class_name(name: str) -> str:
     return _filters().class_name(name)
 
 
-def render(kind: str, project: Project, name: str, **extra: str) -> list[Path]:
+def render(kind: str, project: Project, name: str, **extra: Any) -> list[Path]:
     """Render generators/<kind>/ into the project; refuse to overwrite anything."""
     from jinja2 import Environment, StrictUndefined
 
@@ -269,6 +270,45 @@ def generate_reaction(project: Project, name: str, source: str) -> list[Path]:
     return files
 
 
+def _app_id(service_py: Path) -> str:
+    """The app id the service declares: Service("<app id>", ...)'s first argument."""
+    _, call = _assigned_call(service_py, "Service")
+    first = call.args[0] if call.args else None
+    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+        raise GenerateError(
+            f"{service_py.name}: Service(...) does not name its app id as a string literal; "
+            "a saga reads this service's events topic, <app id>-events"
+        )
+    return first.value
+
+
+def generate_saga(project: Project, name: str, source: str | None = None) -> list[Path]:
+    service_py = project.package_dir / "service.py"
+    app_id = _app_id(service_py)
+    sources = [app_id, *([source] if source and source != app_id else [])]
+    files = render("saga", project, name, app_id=app_id, source=source or "", sources=sources)
+    files.append(
+        write_registry(
+            project,
+            "sagas",
+            "saga",
+            "SAGAS",
+            "Sagas over this and other services' events added by `enhydra generate saga`.",
+        )
+    )
+    service, _ = _assigned_call(service_py, "Service")
+    marker = f"from {project.package}.sagas import SAGAS"
+    block = (
+        "# Sagas added by `enhydra generate saga`: one module each in "
+        f"{project.package}/sagas/.\n"
+        f"{marker}  # noqa: E402\n\n"
+        f"{service}.sagas.extend(SAGAS)\n"
+    )
+    if wire_once(service_py, marker, block):
+        files.append(service_py)
+    return files
+
+
 def generate_job(project: Project, name: str) -> list[Path]:
     return render("job", project, name)
 
@@ -277,16 +317,25 @@ KINDS = {
     "handler": generate_handler,
     "projection": generate_projection,
     "reaction": generate_reaction,
+    "saga": generate_saga,
     "job": generate_job,
 }
 APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 def check_source(kind: str, source: str | None) -> dict[str, str]:
-    """A reaction names the upstream service it reacts to; nothing else takes --from."""
+    """A reaction names the upstream service it reacts to; a saga may name one it also reads;
+    nothing else takes --from."""
+    if kind == "saga":
+        if source is not None and not APP_ID.match(source):
+            raise GenerateError(
+                f"--from {source!r}: an app id is letters, digits, '.', '_' or '-' (its events "
+                "topic is <app id>-events)"
+            )
+        return {"source": source} if source is not None else {}
     if kind != "reaction":
         if source is not None:
-            raise GenerateError(f"--from is for reactions only, not for a {kind}")
+            raise GenerateError(f"--from is for reactions and sagas only, not for a {kind}")
         return {}
     if source is None:
         raise GenerateError(
@@ -314,18 +363,22 @@ def check_source(kind: str, source: str | None) -> dict[str, str]:
     "--from",
     "source",
     metavar="APP",
-    help="For a reaction: the app id of the service whose events it reacts to.",
+    help="For a reaction: the app id of the service whose events it reacts to; for a saga: "
+    "another service whose events it reads besides this one's.",
 )
 def generate(kind: str, name: str, project: Path, source: str | None) -> None:
     """Add a handler, projection, reaction or job NAME (with tests) to a generated service.
 
-    A reaction turns the events of the service APP (--from) into commands of this one.
+    A reaction turns the events of the service APP (--from) into commands of this one. A saga
+    keeps state per correlation id over this service's events (and APP's, with --from) and
+    sends commands when its deadlines fire.
 
     \b
     Examples:
       enhydra generate handler restock
       enhydra generate projection daily_totals --project ~/src/billing
       enhydra generate reaction reserve_stock --from orders
+      enhydra generate saga unpaid_orders --from payments
     """
     require_dev_tools("generate")
     extra = check_source(kind, source)

@@ -104,6 +104,7 @@ class ApiContext:
     latency: Histogram
     projections: Callable[[], Mapping[str, ProjectionEngine]] = dict
     reactions: Callable[[], Mapping[str, Any]] = dict  # name -> ReactionEngine (describe())
+    sagas: Callable[[], Mapping[str, Any]] = dict  # name -> the saga's description
     plugins: Callable[[], list[Any]] = list
     shutdown: Callable[[], None] | None = None
     admin_routes: Iterable[AdminRoute] = ()

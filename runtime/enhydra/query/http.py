@@ -52,6 +52,7 @@ def build_app(
     admin_routes: Iterable[AdminRoute] = (),
     projections: Callable[[], Mapping[str, Any]] | None = None,
     reactions: Callable[[], Mapping[str, Any]] | None = None,
+    sagas: Callable[[], Mapping[str, Any]] | None = None,
     plugins: Callable[[], list[Any]] | None = None,
     asyncapi: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
@@ -62,8 +63,8 @@ def build_app(
     the admin token. `projections` returns the read models hosted here (name -> engine); they
     answer key queries from this instance's partitions only, since their consumer groups are
     balanced apart from the aggregate's. `reactions` returns the reactions' engines, whose
-    stats /v1/stats reports. `asyncapi` builds the service's AsyncAPI document
-    (GET /v1/asyncapi.json, built once on first request).
+    stats /v1/stats reports, and `sagas` the sagas' descriptions. `asyncapi` builds the
+    service's AsyncAPI document (GET /v1/asyncapi.json, built once on first request).
     """
     config = ApiConfig.of(settings)
     ctx = ApiContext(
@@ -80,6 +81,7 @@ def build_app(
         ),
         projections=projections or dict,
         reactions=reactions or dict,
+        sagas=sagas or dict,
         plugins=plugins or list,
         shutdown=shutdown,
         admin_routes=tuple(admin_routes),

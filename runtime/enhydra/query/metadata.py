@@ -141,6 +141,7 @@ def describe_instance(
         "rebalances": report.get("rebalances") if report else None,
         "projections": report.get("projections", {}) if report else {},
         "reactions": report.get("reactions", {}) if report else {},
+        "sagas": report.get("sagas", {}) if report else {},
         "recent_rejections": report.get("recent_rejections", []) if report else [],
     }
 

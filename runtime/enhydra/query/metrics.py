@@ -15,7 +15,7 @@ and the store written).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from enhydra.runner import histogram
 from enhydra.runner.tasks import Role
@@ -274,3 +274,33 @@ def reaction_metrics(out: Exposition, reactions: Mapping[str, ReactionEngine]) -
             )
         for partition, lag in sorted(engine.input_lag().items()):
             out.add("enhydra_reaction_lag_records", "gauge", "", lag, **labels, partition=partition)
+
+
+def saga_metrics(out: Exposition, sagas: Mapping[str, Mapping[str, Any]]) -> None:
+    """Per saga (its description, sagas/engine.py): deadlines pending here, fired, and more."""
+    if not sagas:
+        return
+    out.family(
+        "enhydra_saga_deadlines_pending",
+        "gauge",
+        "deadlines scheduled in this instance's saga partitions, not fired or cancelled yet",
+    )
+    for name, saga in sorted(sagas.items()):
+        out.add(
+            "enhydra_saga_deadlines_pending",
+            "gauge",
+            "",
+            saga.get("deadlines_pending", 0),
+            saga=name,
+        )
+    for stat, metric, text in (
+        ("fired", "enhydra_saga_deadlines_fired_total", "deadlines fired (their commands sent)"),
+        ("scheduled", "enhydra_saga_deadlines_scheduled_total", "deadlines scheduled"),
+        ("cancelled", "enhydra_saga_deadlines_cancelled_total", "deadlines cancelled unfired"),
+        ("handled", "enhydra_saga_events_total", "upstream events handled"),
+        ("duplicates", "enhydra_saga_duplicates_total", "upstream events already handled"),
+        ("commands", "enhydra_saga_commands_total", "commands sent by events and deadlines"),
+    ):
+        out.family(metric, "counter", text)
+        for name, saga in sorted(sagas.items()):
+            out.add(metric, "counter", "", saga.get(stat, 0), saga=name)

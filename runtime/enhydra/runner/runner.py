@@ -80,6 +80,8 @@ class FencedInstance(RuntimeError):
 YIELD_EVERY = 256
 # Flights that may still fly while the next batch is fetched and computed.
 IN_FLIGHT = 1
+# The first offset of a task's work that had no records (a turn for timed work only).
+NO_RECORDS = -1
 # Steps of the event loop run at each yield: one step moves an acknowledgement one hop
 # (socket -> response -> request future -> batch future -> the flight waiting for it).
 YIELD_HOPS = 6
@@ -161,6 +163,9 @@ class TaskRunner:
         self._reader: ChangelogReader | None = None
         self._overlaps = bool(getattr(step, "reads_unpersisted", False))
         self._slices = self._overlaps and hasattr(step, "slices")
+        # A step with timed work (a saga's deadlines) says when a task has some due: that
+        # task then gets a turn without records (`_with_due`).
+        self._timed = hasattr(step, "due")
         self._flights: deque[_Landing] = deque()
         self._last_flight: Flight | None = None
         # seconds from a command's timestamp to its outputs acknowledged; per batch by phase
@@ -463,6 +468,8 @@ class TaskRunner:
                 batch = await self._consumer.getmany(
                     timeout_ms=100, max_records=self.settings.max_batch_records
                 )
+                if self._timed:
+                    batch = self._with_due(batch)
                 if batch:
                     async with self._lock:
                         await self._process(batch)
@@ -496,6 +503,18 @@ class TaskRunner:
             await self._abandon()
             raise exc from None
 
+    def _with_due(self, batch: dict[TopicPartition, list]) -> dict[TopicPartition, list]:
+        """`batch`, with an empty record list for each running task whose step has work due."""
+        if self.cuts.pending:
+            return batch  # held at a snapshot cut: the state must stay as it is
+        due = [t for t in self.registry.active_tasks() if t.serving and self.step.due(t)]  # type: ignore[attr-defined]
+        if not due:
+            return batch
+        batch = dict(batch)
+        for task in due:
+            batch.setdefault(TopicPartition(self.input_topic, task.partition), [])
+        return batch
+
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
         consumer = self._consumer
         checkpoint = self._checkpoint
@@ -513,7 +532,7 @@ class TaskRunner:
             task = self.registry.tasks.get(tp.partition)
             if task is None or not task.serving:
                 # Fetched just before a rebalance paused it: rewind so nothing is skipped.
-                if tp in consumer.assignment():
+                if records and tp in consumer.assignment():
                     consumer.seek(tp, records[0].offset)
                 continue
             if self.cuts.pending:
@@ -541,7 +560,7 @@ class TaskRunner:
             else:
                 self._retry_later(tp, *out.interrupted)
                 stamps += [r.timestamp for r in records if r.offset <= out.last_offset]
-            work.append((task, out, records[0].offset))
+            work.append((task, out, records[0].offset if records else NO_RECORDS))
             if slices:
                 await _yield_to_io()
         if not work:
@@ -602,7 +621,7 @@ class TaskRunner:
         for task, out, first in landing.work:
             if out.persisted is not None:
                 out.persisted()
-            count = out.last_offset - first + 1
+            count = out.last_offset - first + 1 if first != NO_RECORDS else 0
             task.processed += count
             stats["processed"] += count
             for name, value in out.counts.items():
@@ -693,7 +712,8 @@ class TaskRunner:
         firsts: dict[TopicPartition, int] = {}
         for task, _, first in landing.work:
             task.clear_cache()
-            firsts[TopicPartition(self.input_topic, task.partition)] = first
+            if first != NO_RECORDS:  # a turn without records has nothing to read again
+                firsts[TopicPartition(self.input_topic, task.partition)] = first
         self._drop_stale(firsts)
 
     def _retry_later(self, tp: TopicPartition, offset: int, error: BaseException) -> None:

@@ -425,6 +425,7 @@ def build_asyncapi(
         )
 
     _reaction_operations(topology, channels, operations, schemas, replicas)
+    _saga_operations(topology, channels, operations, replicas)
 
     info: dict[str, Any] = {
         "title": app_id,
@@ -482,6 +483,9 @@ def _reaction_operations(
             )
             for name, schema in reads.items()
         } or {"event": _message("event", f"any event of {source}", _generic("event"), key)}
+        if reaction.get("saga") and not reads and topic in channels:
+            # a saga reading this service's own events: the channel already lists them all
+            messages = channels[topic]["messages"]
         channel = channels.setdefault(
             topic,
             _channel(
@@ -492,13 +496,18 @@ def _reaction_operations(
             ),
         )
         channel["messages"].update(messages)
+        saga = reaction.get("saga")
         operations[_operation_id("react", reaction["name"])] = _operation(
             "receive",
             topic,
             messages,
-            f"reaction {reaction['name']!r} turns {source}'s events into commands",
+            f"saga {saga!r} reads {source}'s events (re-keyed by correlation id into its inbox)"
+            if saga
+            else f"reaction {reaction['name']!r} turns {source}'s events into commands",
             reaction["group"],
         )
+        if saga:
+            continue  # it writes to the saga's inbox, an internal topic
         for target in reaction.get("sends") or ():
             if target not in channels:  # another service's commands topic
                 command = {"command": _message("command", "a command", _generic("command"), key)}
@@ -514,6 +523,33 @@ def _reaction_operations(
                 target,
                 sent,
                 f"commands made by reaction {reaction['name']!r}",
+                None,
+            )
+
+
+def _saga_operations(
+    topology: Mapping[str, Any],
+    channels: dict[str, Any],
+    operations: dict[str, Any],
+    replicas: int | None,
+) -> None:
+    """The commands topics sagas send to (their receive operations are their forwarders')."""
+    key = {"type": "string", "description": "the receiving aggregate's key, UTF-8"}
+    for saga in topology.get("sagas") or ():
+        for target in saga.get("sends") or ():
+            if target not in channels:  # another service's commands topic
+                command = {"command": _message("command", "a command", _generic("command"), key)}
+                channels[target] = _channel(
+                    {"name": target, "partitions": saga["partitions"]},
+                    replicas,
+                    command,
+                    "another service's commands",
+                )
+            operations[_operation_id("saga", saga["name"], "send", target)] = _operation(
+                "send",
+                target,
+                channels[target]["messages"],
+                f"commands of saga {saga['name']!r}, made by its events and deadlines",
                 None,
             )
 

@@ -483,6 +483,10 @@ def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     changes += _handlers(old["handlers"], new["handlers"])
     changes += _projections(old["projections"], new["projections"])
     changes += _reactions(old.get("reactions") or [], new.get("reactions") or [])
+    if old.get("sagas") or new.get("sagas"):
+        from enhydra.topology.sagas import saga_changes
+
+        changes += saga_changes(old.get("sagas") or [], new.get("sagas") or [], _ok, _bad)
     changes += _internal(old["internal_topics"], new["internal_topics"])
     changes += _messages(old.get("messages"), new.get("messages"))
     return changes

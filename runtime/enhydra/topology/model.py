@@ -22,6 +22,7 @@ from enhydra.contracts.names import control_topic_name
 from enhydra.plugins import message_types
 from enhydra.projections.model import Projection
 from enhydra.reactions.model import Reaction
+from enhydra.sagas.model import Saga
 from enhydra.spec import ResolvedService
 
 if TYPE_CHECKING:
@@ -185,11 +186,13 @@ def build_topology(
     schemas: Mapping[str, Any] | None = None,
     commands_topic: str | None = None,
     reactions: Sequence[Reaction] = (),
+    sagas: Sequence[Saga] = (),
 ) -> dict[str, Any]:
     """The topology of one service as JSON-ready data (pure: no settings, no broker).
 
     A service with reactions gets a `reactions` section (absent otherwise, so the topology of a
-    service without any is what it was before reactions existed)."""
+    service without any is what it was before reactions existed); so does one with sagas (whose
+    forwarders are listed as reactions, topology/sagas.py)."""
     bound = aggregate.bind(app_id)
     if commands_topic:  # the settings may point the service at another input topic
         bound = dataclasses.replace(bound, commands_topic=commands_topic)
@@ -251,6 +254,25 @@ def build_topology(
                     "compacted": True,
                 }
             )
+    saga_list: list[dict[str, Any]] = []
+    if sagas:
+        from enhydra.topology.sagas import saga_sections
+
+        forwarders, saga_list, saga_topics = saga_sections(
+            sagas, app_id, bound.commands_topic, partitions, code_digest
+        )
+        reacting = sorted([*reacting, *forwarders], key=lambda r: r["name"])
+        for forwarder in forwarders:
+            internal.append(
+                {
+                    "name": forwarder["changelog"],
+                    "role": "changelog",
+                    "reaction": forwarder["name"],
+                    "partitions": partitions,
+                    "compacted": True,
+                }
+            )
+        internal += saga_topics
     topology = {
         "format": FORMAT,
         "app_id": app_id,
@@ -311,6 +333,8 @@ def build_topology(
     }
     if reacting:
         topology["reactions"] = reacting
+    if saga_list:
+        topology["sagas"] = saga_list
     return topology
 
 
@@ -331,6 +355,7 @@ def topology_of(service: Service | ResolvedService) -> dict[str, Any]:
         schemas=resolved.schemas,
         commands_topic=resolved.bound.commands_topic,
         reactions=resolved.reactions,
+        sagas=resolved.sagas,
     )
     return {"format": topology.pop("format"), "fingerprint": fingerprint(topology), **topology}
 

@@ -23,6 +23,8 @@ def routes(ctx: ApiContext) -> list[Route]:
         report["projections"] = meta.projections_report(ctx.projections())
         if reactions := ctx.reactions():
             report["reactions"] = meta.reactions_report(reactions)
+        if sagas := ctx.sagas():
+            report["sagas"] = dict(sorted(sagas.items()))
         return report
 
     async def stats(request: web.Request, args: dict[str, Any]) -> web.Response:

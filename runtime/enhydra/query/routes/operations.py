@@ -10,7 +10,13 @@ from aiohttp import web
 
 from enhydra.control.signing import rejected as control_rejected
 from enhydra.query.api import ApiContext, json_response, unavailable
-from enhydra.query.metrics import CONTENT_TYPE, Exposition, engine_metrics, reaction_metrics
+from enhydra.query.metrics import (
+    CONTENT_TYPE,
+    Exposition,
+    engine_metrics,
+    reaction_metrics,
+    saga_metrics,
+)
 from enhydra.query.openapi import Route, document
 
 
@@ -47,6 +53,7 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
         out = Exposition()
         engine_metrics(out, ctx.get_engine(), ctx.store_name)
         reaction_metrics(out, ctx.reactions())
+        saga_metrics(out, ctx.sagas())
         ctx.latency.write(out)
         out.family("enhydra_http_forwards_total", "counter", "key queries forwarded, by outcome")
         for outcome in ("ok", "unavailable", "rejected"):
