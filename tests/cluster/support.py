@@ -19,8 +19,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer
 from enhydra.kafka.reading import partitions_of
-from enhydra.testing.processes import ServiceProcess, service_env
-from tests.faults.support import TARGET, Scenario
+from tests.faults.support import Scenario
 
 SAMPLE_EVERY = 0.2  # s between two looks at the events topic's end offsets
 
@@ -28,21 +27,11 @@ SAMPLE_EVERY = 0.2  # s between two looks at the events topic's end offsets
 class BrokerDefaults(Scenario):
     """A Scenario whose instances carry no replication setting at all."""
 
-    def start_instances(self, lanes: tuple[str, ...] = ("i1", "i2")) -> list[ServiceProcess]:
-        for lane in lanes:
-            env = service_env(
-                app_id=self.app_id,
-                bootstrap=self.kafka.lane_bootstrap(lane),
-                instance_id=lane,
-                state_dir=self.tmp_path / f"state-{lane}",
-                extra={"ENHYDRA_PROCESSING_GUARANTEE": self.guarantee, **self.extra_env},
-            )
-            assert not any("REPLICATION" in k or "INSYNC" in k for k in env), env
-            proc = ServiceProcess(TARGET, env, self.tmp_path / f"{lane}.log").start()
-            self.instances.append(proc)
-        for proc in self.instances:
-            proc.wait_ready(timeout=90)
-        return self.instances
+    def instance_env(self, lane: str) -> dict[str, str]:
+        assert not any("REPLICATION" in k or "INSYNC" in k for k in self.extra_env)
+        env = super().instance_env(lane)
+        del env["ENHYDRA_REPLICATION_FACTOR"]
+        return env
 
 
 async def durability(bootstrap: str, prefix: str) -> dict[str, tuple[int, int]]:
