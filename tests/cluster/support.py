@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -19,30 +18,20 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer
 from enhydra.kafka.reading import partitions_of
-from enhydra.testing.processes import ServiceProcess, service_env
-from tests.faults.support import TARGET, Scenario
+from tests.faults.support import Scenario
 
+DURABLE = (3, 2)  # (replicas, min.insync.replicas) the cluster's brokers default to
 SAMPLE_EVERY = 0.2  # s between two looks at the events topic's end offsets
 
 
 class BrokerDefaults(Scenario):
     """A Scenario whose instances carry no replication setting at all."""
 
-    def start_instances(self, lanes: tuple[str, ...] = ("i1", "i2")) -> list[ServiceProcess]:
-        for lane in lanes:
-            env = service_env(
-                app_id=self.app_id,
-                bootstrap=self.kafka.lane_bootstrap(lane),
-                instance_id=lane,
-                state_dir=self.tmp_path / f"state-{lane}",
-                extra={"ENHYDRA_PROCESSING_GUARANTEE": self.guarantee, **self.extra_env},
-            )
-            assert not any("REPLICATION" in k or "INSYNC" in k for k in env), env
-            proc = ServiceProcess(TARGET, env, self.tmp_path / f"{lane}.log").start()
-            self.instances.append(proc)
-        for proc in self.instances:
-            proc.wait_ready(timeout=90)
-        return self.instances
+    def instance_env(self, lane: str) -> dict[str, str]:
+        assert not any("REPLICATION" in k or "INSYNC" in k for k in self.extra_env)
+        env = super().instance_env(lane)
+        del env["ENHYDRA_REPLICATION_FACTOR"]
+        return env
 
 
 async def durability(bootstrap: str, prefix: str) -> dict[str, tuple[int, int]]:
@@ -90,20 +79,6 @@ async def wait_in_isr(bootstrap: str, node: int, timeout: float = 90.0) -> float
                 return time.monotonic() - started
         await asyncio.sleep(0.5)
     raise TimeoutError(f"node {node} not back in the ISR after {timeout:.0f} s: {behind[:5]}")
-
-
-def wait_port_released(port: int, timeout: float = 30.0) -> None:
-    """Wait until 127.0.0.1:port can be bound again: a SIGKILLed broker's port is released
-    by the kernel a moment after LocalBroker.kill returns, and a restart before that fails."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with contextlib.suppress(OSError):
-                sock.bind(("127.0.0.1", port))
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"port {port} still in use {timeout:.0f} s after a kill")
 
 
 @dataclass

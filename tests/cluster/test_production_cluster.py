@@ -18,11 +18,11 @@ import pytest
 from enhydra.testing.processes import wait_for_committed
 from ledger.workload import generate
 from tests.cluster.support import (
+    DURABLE,
     BrokerDefaults,
     GrowthWatch,
     durability,
     wait_in_isr,
-    wait_port_released,
 )
 from tests.faults.support import leaders, run
 from tests.integration.ledger_support import feed
@@ -30,7 +30,6 @@ from tests.integration.test_topic_durability import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DURABLE = (3, 2)  # (replicas, min.insync.replicas) the cluster's brokers default to
 ROLLING_PAUSE = 3.0  # s: a controlled shutdown moves leaders first, so writes barely wait
 # A killed broker keeps leading its partitions until the controller fences it (its session,
 # broker.session.timeout.ms, expires: measured here at about twice the configured 4 s); only
@@ -43,17 +42,6 @@ CLIENT_REACTION = 3.0
 # processes.py) the members' sessions expire first and the group rebalances (a 10.5 s pause
 # measured); production's 30 s session rides that out, so this test runs with it.
 PRODUCTION_SESSION = {"ENHYDRA_SESSION_TIMEOUT_MS": "30000", "ENHYDRA_HEARTBEAT_INTERVAL_MS": "500"}
-
-
-@pytest.fixture
-def cluster(kafka_cluster, app_id, tmp_path):
-    made = BrokerDefaults(kafka_cluster, app_id, tmp_path)
-    yield made
-    made.stop_instances()
-    kafka_cluster.heal()
-    kafka_cluster.cluster.start(timeout=120)  # a test that failed mid-fault restarts its node
-    for node in (1, 2, 3):  # and the next test starts on a whole cluster
-        asyncio.run(wait_in_isr(kafka_cluster.bootstrap, node))
 
 
 def each_broker_in_turn(
@@ -142,9 +130,7 @@ def test_a_kill_9_of_each_broker_in_turn_while_commands_flow(cluster):
     cluster.start_instances()
 
     def crash(node: int) -> None:
-        assert cluster.kafka.cluster.node(node).kill()
-        port = next(n.port for n in cluster.kafka.cluster.layout().nodes if n.node_id == node)
-        wait_port_released(port)
+        assert cluster.kafka.cluster.node(node).kill()  # returns with its ports free
 
     fault = each_broker_in_turn(crash, CLIENT_REACTION, fenced=True)
     run(cluster, fault, fault_s=150).assert_holds()

@@ -54,6 +54,15 @@ class Scenario:
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # the fault did not take effect
 
+    def instance_env(self, lane: str) -> dict[str, str]:
+        """The settings an instance on `lane` runs with beyond service_env's; a subclass
+        changes what differs (tests/cluster leaves the replication to the brokers)."""
+        return {
+            "ENHYDRA_PROCESSING_GUARANTEE": self.guarantee,
+            "ENHYDRA_REPLICATION_FACTOR": str(min(3, len(self.kafka.cluster.nodes()))),
+            **self.extra_env,
+        }
+
     def start_instances(self, lanes: tuple[str, ...] = ("i1", "i2")) -> list[ServiceProcess]:
         for lane in lanes:
             env = service_env(
@@ -61,11 +70,7 @@ class Scenario:
                 bootstrap=self.kafka.lane_bootstrap(lane),
                 instance_id=lane,
                 state_dir=self.tmp_path / f"state-{lane}",
-                extra={
-                    "ENHYDRA_PROCESSING_GUARANTEE": self.guarantee,
-                    "ENHYDRA_REPLICATION_FACTOR": str(min(3, len(self.kafka.cluster.nodes()))),
-                    **self.extra_env,
-                },
+                extra=self.instance_env(lane),
             )
             proc = ServiceProcess(TARGET, env, self.tmp_path / f"{lane}.log").start()
             self.instances.append(proc)
@@ -121,10 +126,7 @@ def restore_in_a_fresh_instance(s: Scenario, expected: dict) -> StateDiff:
         bootstrap=s.kafka.bootstrap,
         instance_id="fresh",
         state_dir=s.tmp_path / "state-fresh",
-        extra={
-            "ENHYDRA_PROCESSING_GUARANTEE": s.guarantee,
-            "ENHYDRA_REPLICATION_FACTOR": str(min(3, len(s.kafka.cluster.nodes()))),
-        },
+        extra=s.instance_env("fresh"),
     )
     fresh = ServiceProcess(TARGET, env, s.tmp_path / "fresh.log").start()
     s.instances.append(fresh)

@@ -80,6 +80,17 @@ def _brokers_option(func: F) -> F:
     )(func)
 
 
+def _timeout_option(default: float, text: str, *, minimum: float = 0) -> Callable[[F], F]:
+    """`--timeout SECONDS`: how long start and stop wait for the broker."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=minimum),
+        default=default,
+        show_default=True,
+        help=text,
+    )
+
+
 def _start_cluster(brokers: int, data_dir: Path | None, port: int | None, timeout: float) -> None:
     if port is not None:
         raise click.UsageError("--port picks one broker's port; a cluster chooses free ports")
@@ -115,13 +126,7 @@ def kafka() -> None:
     "dir used last].",
 )
 @_data_dir_option
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for the broker to answer.",
-)
+@_timeout_option(60.0, "Seconds to wait for the broker to answer.", minimum=1)
 @click.option(
     "--security",
     type=click.Choice(["sasl_ssl", "ssl"]),
@@ -295,13 +300,7 @@ def client_settings(info: BrokerInfo, security: str | None) -> dict[str, str]:
 
 @kafka.command("stop")
 @_data_dir_option
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for a clean shutdown before killing the broker.",
-)
+@_timeout_option(30.0, "Seconds to wait for a clean shutdown before killing the broker.")
 @_brokers_option
 def stop(data_dir: Path | None, timeout: float, brokers: int) -> None:
     """Stop the broker recorded in the data dir (its data is kept).

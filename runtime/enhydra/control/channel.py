@@ -4,12 +4,16 @@ It carries decisions that concern the whole application rather than one partitio
 SHUTDOWN_APPLICATION: the instance that decides writes it once, and every instance (itself
 included) acts on it. Messages are sealed and checked by signing.py; a message that fails the
 check, or that `admit` refuses (snapshots/admission.py), is counted and never reaches `on_message`.
+A handler that raises is logged and the channel reads on: when one message's failure ended the
+loop, the instance went deaf to every later shutdown, snapshot request and beacon, silently.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +34,9 @@ SHUTDOWN_APPLICATION = "shutdown_application"
 # Readers start at the end and refuse messages older than a minute (control/signing.py):
 # an hour of beacons and requests is plenty to look back at by hand.
 CONTROL_RETENTION_MS = "3600000"
+READ_RETRY_S = 1.0  # a failed read of the control topic is tried again after this
+READING = "<reading>"  # FailureLog's kind for a failed read (message types have no brackets)
+REPORT_EVERY_S = 60.0  # a handler failing on every beacon: one line a minute, not five a second
 
 
 def control_topic_spec(app_id: str) -> TopicSpec:
@@ -54,6 +61,7 @@ class ControlChannel:
         self._verifier = Verifier(secret)
         self._admit = admit
         self._rejections = RejectionLog(log)
+        self._failures = FailureLog()
         self._conn = conn
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -86,9 +94,16 @@ class ControlChannel:
         await self._producer.send_and_wait(self.topic, value, headers=headers)
 
     async def _run(self) -> None:
+        """Read until stopped. Nothing ends the loop but `stop`: a dead loop would leave the
+        instance deaf to every later shutdown, snapshot request and beacon, without a word."""
         assert self._consumer is not None
         while True:
-            batch = await self._consumer.getmany(timeout_ms=500)
+            try:
+                batch = await self._consumer.getmany(timeout_ms=500)
+            except Exception as exc:  # the topic gone, or not readable: say so, then retry
+                self._failures.record(READING, exc, offset=None)
+                await asyncio.sleep(READ_RETRY_S)
+                continue
             for records in batch.values():
                 for record in records:
                     message, reason = self._verifier.check(record.value, record.headers or ())
@@ -98,4 +113,30 @@ class ControlChannel:
                         self._rejections.reject(reason, message, record.offset)
                         continue
                     assert message is not None
-                    await self.on_message(message)
+                    try:
+                        await self.on_message(message)
+                    except Exception as exc:  # one message's handler: the next ones still count
+                        self._failures.record(str(message.get("type"))[:100], exc, record.offset)
+
+
+class FailureLog:
+    """Logs a failure of each kind at once, then at most every REPORT_EVERY_S with a count."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._last: dict[str, float] = {}
+
+    def record(self, kind: str, exc: Exception, offset: int | None) -> None:
+        self.counts[kind] += 1
+        now = time.monotonic()
+        if now - self._last.get(kind, -REPORT_EVERY_S) < REPORT_EVERY_S:
+            return
+        self._last[kind] = now
+        log.error(
+            "control topic not read" if kind == READING else "control message not handled",
+            type=kind,
+            offset=offset,
+            failures=self.counts[kind],
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )

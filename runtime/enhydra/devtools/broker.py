@@ -50,6 +50,7 @@ LOG4J_VERSION = "2.24.3"
 SLF4J_VERSION = "2.0.16"
 DEFAULT_PORT = 9092
 HOST = "127.0.0.1"
+PORT_RELEASE_S = 10.0  # s: a stopped or killed broker is gone, its ports free, within this
 NODE_ID = 1
 
 STATE_FILE = "broker.json"
@@ -517,6 +518,26 @@ def _reap(pid: int) -> None:
         _SPAWNED.discard(pid)
 
 
+def _exists(pid: int) -> bool:
+    """Whether `pid` names a process at all (a zombie too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_zombie(pid: int) -> bool:
+    """A process that has exited entirely and waits only for its parent to reap it."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return not Path("/proc").is_dir()  # no /proc (macOS): exited once kill stopped it
+    return state in ("Z", "X", "x")
+
+
 def _process_argv(pid: int) -> list[str] | None:
     """argv of a live process, or None if it is gone (zombies have an empty cmdline)."""
     proc = Path("/proc") / str(pid)
@@ -945,7 +966,12 @@ class LocalBroker:
         return self._end(0.0, signal.SIGKILL)
 
     def _end(self, timeout: float, first: signal.Signals) -> bool:
-        """Send `first` to the recorded broker (SIGKILL after `timeout`); False if none runs."""
+        """Send `first` to the recorded broker (SIGKILL after `timeout`); False if none runs.
+
+        Returns once the process is gone and its ports can be bound again, so a restart right
+        after gets the same ports: a JVM's main thread shows as exited while its other threads
+        still hold the sockets.
+        """
         if not self.data_dir.is_dir():
             return False
         with _file_lock(self.data_dir / ".lock"):
@@ -955,7 +981,34 @@ class LocalBroker:
                 return False
             self._terminate(info.pid, timeout, first=first)
             self._forget_pid()
+            self._wait_gone(info.pid)
             return True
+
+    def _ports(self) -> list[int]:
+        """Every port this node binds: client, controller, secured and lane listeners."""
+        state = read_state(self.data_dir)
+        recorded = [] if state is None else [state.port, state.controller_port]
+        if state is not None:
+            recorded += [p for p in (state.sasl_ssl_port, state.ssl_port) if p]
+        return recorded + [listen for listen, _advertised in self.lanes.values()]
+
+    def _wait_gone(self, pid: int, timeout: float = PORT_RELEASE_S) -> None:
+        """Wait until `pid` has exited entirely (reaped, if it is our child) and every port
+        of this node can be bound again; a BrokerError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            _reap(pid)
+            alive = _exists(pid) and (pid in _SPAWNED or not _is_zombie(pid))
+            held = [port for port in self._ports() if not _port_free(port)]
+            if not alive and not held:
+                return
+            if time.monotonic() > deadline:
+                what = f"{HOST}:{held[0]} is still in use" if held else "it has not exited"
+                raise BrokerError(
+                    f"Kafka (pid {pid}) was stopped but {what} after {timeout:.0f}s"
+                    + (f"; find the port's owner with `lsof -i :{held[0]}`" if held else "")
+                )
+            time.sleep(0.05)
 
     def _terminate(self, pid: int, timeout: float, first: int = signal.SIGTERM) -> None:
         steps = ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0))
