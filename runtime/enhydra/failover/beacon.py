@@ -79,7 +79,9 @@ class Beacon:
             except Exception as exc:  # Kafka unreachable: peers see our beacon stop, as they should
                 failed += 1
                 now = time.monotonic()
-                if now - last_report >= REPORT_EVERY_S:  # a broker outage: not a line a second
+                # One slow send is not news (the first write to a just-created replicated topic
+                # takes longer than an interval); two in a row, and then once a minute, are.
+                if failed >= 2 and now - last_report >= REPORT_EVERY_S:
                     last_report = now
                     log.warning(
                         "liveness beacon not sent",
