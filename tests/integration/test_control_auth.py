@@ -17,12 +17,15 @@ import urllib.request
 
 import pytest
 
+from enhydra.control.channel import SHUTDOWN_APPLICATION
 from enhydra.control.signing import SIGNATURE_HEADER, seal, signature
 from enhydra.errors.uncaught import EXIT_SHUTDOWN_APPLICATION
+from enhydra.failover.beacon import BEACON
 from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.snapshots.format import SnapshotError
 from enhydra.snapshots.live import new_snapshot_id
 from enhydra.snapshots.offline import request_snapshot
+from enhydra.snapshots.progress import SNAPSHOT_MESSAGES
 from enhydra.testing.processes import read_topic, wait_for_committed
 from ledger.workload import generate
 from tests.integration.ledger_support import feed
@@ -63,10 +66,13 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
         {"type": "shutdown_application", "reason": "bye"},
         {"type": "snapshot_create", "id": snapshot_id, "storage": str(elsewhere)},
         {"type": "snapshot_request", "id": snapshot_id, "storage": str(elsewhere), "cut": None},
+        {"type": "snapshot_claim", "id": snapshot_id, "partition": 0, "instance": "ghost"},
         {"type": "snapshot_part", "id": snapshot_id, "partition": 0, "cut": 0, "partitions": 4},
         {"type": "snapshot_done", "id": snapshot_id, "error": "forged"},
         {"type": "liveness", "seq": 0, "member": None, "origin": "ghost"},
     ]
+    known = {SHUTDOWN_APPLICATION, BEACON, *SNAPSHOT_MESSAGES}
+    assert {m["type"] for m in every_type} == known, "a control message type is not tried here"
     records = []
     for message in every_type:
         message = {"origin": "intruder", **message}
@@ -86,8 +92,8 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
     asyncio.run(write(kafka_bootstrap, topic, records))
 
     expected = {
-        "unsigned": 6,
-        "bad_signature": 6,
+        "unsigned": 7,
+        "bad_signature": 7,
         "replayed": 1,
         "storage_not_configured": 1,
         "bad_snapshot_id": 1,
