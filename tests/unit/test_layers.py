@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
         "snapshots.storage",
         "toolcache",
         "reactions.model",
+        "tracing",  # trace context in headers; the OpenTelemetry SDK behind it, only when on
     ),
     ("plugins",),
     ("spec", "topology"),
