@@ -160,6 +160,7 @@ def test_a_batch_is_a_span_with_its_phases_in_order(exporter) -> None:
     linked = run([command(1, [(TRACEPARENT_HEADER, SAMPLED)])]).traced
     tracer.record_batch(
         "sums",
+        topic="app-commands",
         records=1,
         partitions=[0],
         started=100.0,
@@ -184,6 +185,7 @@ def test_a_batch_the_sampler_leaves_out_exports_nothing() -> None:
         assert tracer is not None
         tracer.record_batch(
             "sums",
+            topic="app-commands",
             records=1,
             partitions=[0],
             started=1.0,

@@ -142,7 +142,7 @@ class AggregateStep:
         agg = self.aggregate
         traced = None
         if self.tracing is not None:
-            traced = self.tracing.batch(f"decide {agg.name}", agg.commands_topic, task.partition)
+            traced = self.tracing.batch(f"decide {agg.name}", task.partition)
         limit = min(s.max_output_bytes, self.max_record_bytes)
         batch = functools.partial(
             process_batch,

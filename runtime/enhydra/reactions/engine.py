@@ -69,7 +69,7 @@ class ReactionStep:
         topic = self.reaction.upstream_topic
         traced = trace = None
         if self.tracing is not None:
-            traced = self.tracing.batch(f"react {self.reaction.name}", topic, task.partition)
+            traced = self.tracing.batch(f"react {self.reaction.name}", task.partition)
 
             def trace(record: Any) -> list[tuple[str, bytes]] | None:
                 return traced.follow(record.headers, record.offset)

@@ -623,6 +623,7 @@ class TaskRunner:
         if self._tracing is not None:
             self._tracing.record_batch(
                 self.name,
+                topic=self.input_topic,
                 records=len(landing.stamps),
                 partitions=[task.partition for task, _, _ in landing.work],
                 started=landing.started_at,

@@ -60,10 +60,11 @@ def format_traceparent(trace_id: int, span_id: int, flags: int) -> bytes:
 
 def sampled(traceparent: bytes) -> bool:
     """Whether a traceparent (already found valid, or about to be) has the sampled flag."""
-    return traceparent[53:55] in _SAMPLED_FLAGS
+    return traceparent[53:55] in SAMPLED_FLAGS
 
 
-_SAMPLED_FLAGS = frozenset(b"%02x" % flags for flags in range(256) if flags & SAMPLED)
+# The flags field (characters 53-54 of a traceparent) of every context with the sampled flag.
+SAMPLED_FLAGS = frozenset(b"%02x" % flags for flags in range(256) if flags & SAMPLED)
 
 
 def carried(headers: Iterable[Header] | None) -> tuple[bytes | None, bytes | None]:

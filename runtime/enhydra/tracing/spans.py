@@ -33,14 +33,14 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.trace.span import TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
+from enhydra.contracts.headers import TRACEPARENT_HEADER, TRACESTATE_HEADER
 from enhydra.tracing.context import (
+    SAMPLED_FLAGS,
     BadTraceParent,
     Header,
-    carried,
     carry,
     format_traceparent,
     parse,
-    sampled,
 )
 
 KAFKA = "kafka"
@@ -89,15 +89,16 @@ class Tracing:
         return trace.set_span_in_context(NonRecordingSpan(remote))
 
     # records continued by a step ---------------------------------------------------------------
-    def batch(self, name: str, topic: str, partition: int) -> BatchTrace:
+    def batch(self, name: str, partition: int) -> BatchTrace:
         """The spans of one partition's batch, for the records that carry a context."""
-        return BatchTrace(self, name, topic, partition)
+        return BatchTrace(self, name, partition)
 
     # batches -----------------------------------------------------------------------------------
     def record_batch(
         self,
         runner: str,
         *,
+        topic: str,
         records: int,
         partitions: Sequence[int],
         started: float,
@@ -107,7 +108,7 @@ class Tracing:
         done_at: float,
         links: Iterable[Any] = (),
     ) -> None:
-        """One durable batch and its phases, from wall-clock times (seconds) the runner took."""
+        """One durable batch of `topic` and its phases, from the runner's wall-clock times (s)."""
         span = self.tracer.start_span(
             f"batch {runner}",
             kind=SpanKind.INTERNAL,
@@ -135,18 +136,17 @@ class Tracing:
 class BatchTrace:
     """The spans of the records of one partition's batch whose record carried a context."""
 
-    __slots__ = ("attributes", "name", "spans", "started", "tracing")
+    __slots__ = ("name", "partition", "spans", "started", "tracing", "unsampled_passes")
 
-    def __init__(self, tracing: Tracing, name: str, topic: str, partition: int) -> None:
+    def __init__(self, tracing: Tracing, name: str, partition: int) -> None:
         self.tracing = tracing
         self.name = name
         self.started = time.time_ns()
-        self.attributes = {
-            "messaging.system": KAFKA,
-            "messaging.destination.name": topic,
-            "messaging.destination.partition.id": str(partition),
-        }
+        # Few attributes: each costs the SDK about a microsecond per span, and the batch's span
+        # names the topic; the span's name names the aggregate or reaction.
+        self.partition = str(partition)
         self.spans: list[Any] = []
+        self.unsampled_passes = tracing.follows_parent
 
     def follow(
         self,
@@ -160,17 +160,27 @@ class BatchTrace:
         A sampled context gets a span (an `error`, e.g. the rejection's reason, marks it
         failed); an unsampled one is copied. A traceparent that is not valid is dropped.
         """
-        parent, state = carried(headers)
+        parent = state = None
+        for name, value in headers or ():  # carried(), inlined: this runs for every record
+            if name == TRACEPARENT_HEADER:
+                parent = value
+            elif name == TRACESTATE_HEADER:
+                state = value
         if parent is None:
             return None
+        if self.unsampled_passes and parent[53:55] not in SAMPLED_FLAGS:
+            if len(parent) != 55:
+                return None
+            if state is None:
+                return [(TRACEPARENT_HEADER, parent)]
+            return [(TRACEPARENT_HEADER, parent), (TRACESTATE_HEADER, state)]
         tracing = self.tracing
-        if tracing.follows_parent and not sampled(parent):
-            return carry(parent, state) if len(parent) == 55 else None
         try:
             context = tracing.context_of(parent, state)
         except BadTraceParent:
             return None
-        attributes = {**self.attributes, "messaging.kafka.offset": offset}
+        attributes = {"messaging.destination.partition.id": self.partition}
+        attributes["messaging.kafka.offset"] = offset
         if command_id is not None:
             attributes["enhydra.command_id"] = command_id
         span = tracing.tracer.start_span(
