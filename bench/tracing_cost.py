@@ -62,6 +62,7 @@ from bench.common import (  # noqa: E402
 from enhydra import tracing  # noqa: E402
 from enhydra.contracts.headers import TRACEPARENT_HEADER  # noqa: E402
 from enhydra.kafka.topics import TopicSpec  # noqa: E402
+from enhydra.logs import configure_logging  # noqa: E402
 from enhydra.processing.engine import Engine  # noqa: E402
 from enhydra.settings import Settings  # noqa: E402
 from enhydra.tracing.context import format_traceparent  # noqa: E402
@@ -157,6 +158,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 3:
         raise SystemExit("--rounds must be at least 3: the ratios are medians")
+    configure_logging(fmt="console", level="warning")  # each run's start and stop would drown it
     work = {name: commands(args.keys, args.commands, share, 28) for name, share in VARIANTS.items()}
     rate: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}

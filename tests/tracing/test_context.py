@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from enhydra import tracing
 from enhydra.contracts.headers import TRACEPARENT_HEADER, TRACESTATE_HEADER
+from enhydra.errors.uncaught import EXIT_CANNOT_START
 from enhydra.tracing.context import (
     BadTraceParent,
     carried,
@@ -111,3 +113,24 @@ def test_off_by_default_imports_nothing_of_opentelemetry() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_service_asked_for_an_unknown_exporter_stops_at_start_in_one_line(tmp_path) -> None:
+    """Before it touches Kafka: no broker is needed to see the refusal."""
+    env = {
+        **os.environ,
+        "ENHYDRA_APP_ID": "traced",
+        "ENHYDRA_STATE_DIR": str(tmp_path),
+        "OTEL_TRACES_EXPORTER": "zipkin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "enhydra.cli.main", "run", "ledger.service:service"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == EXIT_CANNOT_START, done.stdout + done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "zipkin" in line]
+    assert len(said) == 1 and "tracing cannot start" in said[0], said
+    assert "Traceback" not in done.stdout + done.stderr
