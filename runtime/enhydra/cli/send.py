@@ -124,12 +124,12 @@ async def produce(
             for key, value in items:
                 if traced is None:
                     pending.append(await producer.send(topic, value, key=key))
-                    continue
-                tracer, parent, state = traced
-                span, headers = tracer.start_send(topic, parent, state)
-                future = await producer.send(topic, value, key=key, headers=headers)
-                future.add_done_callback(functools.partial(_sent, tracer, span))
-                pending.append(future)
+                else:
+                    tracer, parent, state = traced
+                    span, headers = tracer.start_send(topic, parent, state)
+                    future = await producer.send(topic, value, key=key, headers=headers)
+                    future.add_done_callback(functools.partial(_sent, tracer, span))
+                    pending.append(future)
                 if len(pending) >= WINDOW:
                     sent += await _settle(pending)
                     progress(sent)
