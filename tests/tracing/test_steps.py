@@ -172,6 +172,8 @@ def test_a_batch_is_a_span_with_its_phases_in_order(exporter) -> None:
     )
     spans = {s.name: s for s in exporter.get_finished_spans()}
     batch = spans["batch sums"]
+    assert batch.attributes["messaging.destination.name"] == "app-commands"
+    assert batch.attributes["enhydra.batch.records"] == 1
     assert [link.context for link in batch.links] == list(linked)
     phases = [(spans[n].start_time, spans[n].end_time) for n in ("decide", "publish", "commit")]
     assert phases == [(100.0e9, 100.25e9), (100.3e9, 100.5e9), (100.5e9, 101.0e9)]

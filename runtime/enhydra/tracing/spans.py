@@ -115,6 +115,8 @@ class Tracing:
             attributes={
                 "enhydra.batch.records": records,
                 "enhydra.batch.partitions": list(partitions),
+                "messaging.system": KAFKA,
+                "messaging.destination.name": topic,
                 "messaging.batch.message_count": records,
             },
             links=[Link(c) for c in links],
