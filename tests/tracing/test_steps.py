@@ -104,10 +104,20 @@ def test_a_rejected_command_is_a_failed_span_its_rejection_carries(exporter) -> 
 
 
 def test_an_unsampled_context_is_copied_without_a_span(exporter) -> None:
-    out = run([command(1, [(TRACEPARENT_HEADER, UNSAMPLED)])])
+    other = format_traceparent(0x99, 0x77, 0)
+    state = (TRACESTATE_HEADER, b"vendor=x")
+    out = run(
+        [
+            command(1, [(TRACEPARENT_HEADER, UNSAMPLED)]),
+            command(2, [state, (TRACEPARENT_HEADER, other)]),
+        ]
+    )
     assert exporter.get_finished_spans() == ()
-    [(_, _, headers)] = out.outputs["app-events"]
-    assert header(headers, TRACEPARENT_HEADER) == UNSAMPLED
+    [(_, _, first), (_, _, second)] = out.outputs["app-events"]
+    assert header(first, TRACEPARENT_HEADER) == UNSAMPLED
+    assert header(first, TRACESTATE_HEADER) is None
+    assert header(second, TRACEPARENT_HEADER) == other
+    assert header(second, TRACESTATE_HEADER) == b"vendor=x"
 
 
 @pytest.mark.parametrize("value", [None, b"00-not-a-traceparent", b"x" * 53 + b"01"])

@@ -241,22 +241,22 @@ def _follow(
     """Continue the trace of each command that made events or was rejected (tracing on).
 
     Returns command offset -> the context headers its outputs carry, and the recorded spans.
+    An unsampled context is passed on as it is; a sampled one gets a span per command.
     """
-    headers = {r.offset: r.headers for r in records if r.headers}
-    traces: dict[int, list[tuple[str, bytes]]] = {}
-    if headers:
+    traces, asked = traced.split(records)
+    if asked:
         for emitted in result.emitted:
             offset = emitted.offset
-            context = traced.follow(headers.get(offset), offset, emitted.command_id)
-            if context is not None:
-                traces[offset] = context
+            if offset in asked:
+                context = traced.follow(asked[offset], offset, emitted.command_id)
+                if context is not None:
+                    traces[offset] = context
         for rejected in result.rejected:
             offset = rejected.offset
-            context = traced.follow(
-                headers.get(offset), offset, rejected.command_id, rejected.reason
-            )
-            if context is not None:
-                traces[offset] = context
+            if offset in asked:
+                context = traced.follow(asked[offset], offset, rejected.command_id, rejected.reason)
+                if context is not None:
+                    traces[offset] = context
     return traces, traced.finish()
 
 

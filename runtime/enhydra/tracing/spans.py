@@ -38,6 +38,7 @@ from enhydra.tracing.context import (
     SAMPLED_FLAGS,
     BadTraceParent,
     Header,
+    carried,
     carry,
     format_traceparent,
     parse,
@@ -192,6 +193,38 @@ class BatchTrace:
             span.set_status(Status(StatusCode.ERROR, error))
         self.spans.append(span)
         return headers_of(span)
+
+    def split(
+        self, records: Iterable[Any]
+    ) -> tuple[dict[int, list[Header]], dict[int, Sequence[Header]]]:
+        """The records of a batch by what their context needs, before the step knows which
+        made anything: offset -> the headers that pass an unsampled context on as it is, and
+        offset -> the headers of a record whose context goes to `follow` (sampled, or any with
+        a sampler that ignores the parent). Records without a traceparent are in neither.
+
+        The first is what 99 % of the records take at 1 % sampling, so it reuses the record's
+        own header and looks at each record once.
+        """
+        passed: dict[int, list[Header]] = {}
+        asked: dict[int, Sequence[Header]] = {}
+        passes = self.unsampled_passes
+        for record in records:
+            headers = record.headers
+            if not headers:
+                continue
+            for found in headers:
+                if found[0] != TRACEPARENT_HEADER:
+                    continue
+                value = found[1]
+                if not passes or value[53:55] in SAMPLED_FLAGS:
+                    asked[record.offset] = headers
+                elif len(value) == 55:
+                    if len(headers) == 1:
+                        passed[record.offset] = [found]
+                    else:
+                        passed[record.offset] = carry(*carried(headers))  # type: ignore[arg-type]
+                break
+        return passed, asked
 
     def finish(self) -> list[Any]:
         """End the spans (the step is done); the contexts of the recorded ones, to link to."""
