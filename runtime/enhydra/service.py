@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from enhydra import tracing
 from enhydra.aggregate import Aggregate, BoundAggregate
 from enhydra.errors.policies import ErrorPolicies, Handler
 from enhydra.errors.uncaught import EXIT_CANNOT_START, EXIT_SHUTDOWN_CLIENT, UncaughtHandler
@@ -149,6 +150,13 @@ class Service:
             static={"app": s.app_id, "instance": s.instance_id},
             filters=[ConnectionNoise()],  # a broker outage: a few lines a minute, not thousands
         )
+        try:  # OTEL_TRACES_EXPORTER asks for what cannot run: one line, before anything starts
+            traced = tracing.current(s.app_id)
+        except tracing.TracingError as exc:
+            log.error("tracing cannot start", error=str(exc), exit_code=EXIT_CANNOT_START)
+            sys.exit(EXIT_CANNOT_START)
+        if traced is not None:
+            log.info("tracing on", exporters=list(tracing.exporters()))
         for name, closest in unknown_variables():
             log.warning("unknown setting ignored", variable=name, did_you_mean=closest)
         try:

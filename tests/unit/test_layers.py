@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
         "toolcache",
         "reactions.model",
         "sagas.model",
+        "tracing",  # trace context in headers; the OpenTelemetry SDK behind it, only when on
     ),
     ("plugins",),
     ("spec", "topology"),

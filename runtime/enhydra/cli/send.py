@@ -9,24 +9,33 @@ command at that line once everything before it is acknowledged, and says how muc
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import click
 from aiokafka.errors import KafkaError
 
+from enhydra import tracing
 from enhydra.cli.common import StatusLine, kafka_options
 from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.kafka.reading import known_topics
 from enhydra.settings import Connection
+from enhydra.tracing.context import BadTraceParent, parse
+
+if TYPE_CHECKING:
+    from enhydra.tracing.spans import Tracing
 
 # Records in flight before the command waits for their acknowledgements (and shows progress).
 WINDOW = 2000
 Record = tuple[bytes | None, bytes]
+# Tracing for the records sent: the tracer, and the traceparent and tracestate they continue.
+Traced = tuple["Tracing", bytes | None, bytes | None]
 
 
 class BadLine(ValueError):
@@ -92,11 +101,14 @@ async def produce(
     topic: str,
     items: Iterable[Record],
     progress: Callable[[int], None],
+    traced: Traced | None = None,
 ) -> int:
     """Send every record to `topic`, in order, and return how many Kafka acknowledged.
 
     The topic must exist: a service creates its own topics with its partition count, and a
-    topic created by the first record would have the broker's default instead.
+    topic created by the first record would have the broker's default instead. With `traced`
+    (tracing on: the Tracing, and the traceparent and tracestate the records continue, if
+    any), each record is a `send` span, its context in the record's headers.
     """
     sent = 0
     pending: list[asyncio.Future] = []
@@ -110,7 +122,14 @@ async def produce(
             )
         try:
             for key, value in items:
-                pending.append(await producer.send(topic, value, key=key))
+                if traced is None:
+                    pending.append(await producer.send(topic, value, key=key))
+                else:
+                    tracer, parent, state = traced
+                    span, headers = tracer.start_send(topic, parent, state)
+                    future = await producer.send(topic, value, key=key, headers=headers)
+                    future.add_done_callback(functools.partial(_sent, tracer, span))
+                    pending.append(future)
                 if len(pending) >= WINDOW:
                     sent += await _settle(pending)
                     progress(sent)
@@ -122,6 +141,39 @@ async def produce(
         sent += await _settle(pending)
         progress(sent)
         return sent
+
+
+def _sent(tracer: Tracing, span: object, future: asyncio.Future) -> None:
+    error = None if future.cancelled() else future.exception()
+    tracer.end_send(span, error)
+
+
+def tracing_for_send(env: Mapping[str, str]) -> Traced | None:
+    """Tracing for `enhydra send` (None: off), continuing TRACEPARENT/TRACESTATE if set.
+
+    The upper-case names are OpenTelemetry's for a context handed to a process in its
+    environment (a CI job, a script's own span). Bad values: ClickException, one line.
+    """
+    try:
+        tracer = tracing.current("enhydra-send")
+    except tracing.TracingError as exc:
+        raise click.ClickException(str(exc)) from None
+    if tracer is None:
+        return None
+    parent = env.get("TRACEPARENT", "").strip() or None
+    state = env.get("TRACESTATE", "").strip() or None
+    if parent is not None:
+        try:
+            parse(parent)
+        except BadTraceParent as exc:
+            raise click.ClickException(
+                f"TRACEPARENT {exc}: expected 00-<32 hex>-<16 hex>-<2 hex>, or leave it unset"
+            ) from None
+    return (
+        tracer,
+        parent.encode() if parent else None,
+        state.encode("ascii", "replace") if state else None,
+    )
 
 
 class Progress:
@@ -185,9 +237,11 @@ def send(topic: str, files: tuple[Path, ...], key_field: str | None, conn: Conne
             raise click.BadParameter(f"{path}: no such file", param_hint="FILE")
     if not files and sys.stdin.isatty():
         click.echo("enhydra: reading JSON lines from the terminal (Ctrl-D ends)", err=True)
+    traced = tracing_for_send(os.environ)
     progress = Progress(topic, click.get_text_stream("stderr"))
     try:
-        sent = asyncio.run(produce(conn, topic, records(_sources(files), key_field), progress))
+        lines = records(_sources(files), key_field)
+        sent = asyncio.run(produce(conn, topic, lines, progress, traced))
     except BadLine as exc:
         progress.done()
         raise click.ClickException(

@@ -15,6 +15,12 @@ On every changelog record written under at-least-once:
   partition writes with a higher epoch than every owner before it, so a record of a lower
   epoch that lands after a higher one is a cut-off previous owner's late write: readers skip
   it (runner/fencing.py). A record without it claims nothing and is always applied.
+
+On commands and events when tracing is on (enhydra/tracing/), the W3C Trace Context headers
+under the names the W3C and OpenTelemetry's Kafka instrumentations use, so other producers and
+consumers join the same trace:
+- `traceparent`: the span that caused the record (version-trace id-span id-flags);
+- `tracestate`: the vendors' part of the context, carried along unchanged when present.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ COMMAND_OFFSET_HEADER = "enhydra.command_offset"
 EVENT_INDEX_HEADER = "enhydra.event_index"
 EVENT_VERSION_HEADER = "enhydra.event_version"
 OWNER_EPOCH_HEADER = "enhydra.owner_epoch"
+TRACEPARENT_HEADER = "traceparent"
+TRACESTATE_HEADER = "tracestate"
 
 # The index header of the positions commands commonly reach, built once (the hot path).
 _INDEX = [(EVENT_INDEX_HEADER, b"%d" % i) for i in range(16)]

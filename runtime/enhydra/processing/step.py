@@ -12,8 +12,9 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from enhydra import tracing
 from enhydra.aggregate import BoundAggregate
 from enhydra.contracts.codec import Entry, decode_entry
 from enhydra.contracts.headers import VERSION_1, command_event_headers
@@ -29,6 +30,9 @@ from enhydra.runner.batch import Out, StepOutput
 from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
 
+if TYPE_CHECKING:
+    from enhydra.tracing.spans import BatchTrace
+
 log = get_logger("enhydra.engine")
 
 # Rejections the status page shows (query/recent.py): the last few this instance published.
@@ -36,12 +40,15 @@ RECENT_REJECTIONS = 50
 
 
 def event_outputs(
-    result: BatchResult, version_of: Callable[[Any], tuple[str, bytes]] | None = None
+    result: BatchResult,
+    version_of: Callable[[Any], tuple[str, bytes]] | None = None,
+    traces: Mapping[int, list[tuple[str, bytes]]] | None = None,
 ) -> list[Out]:
     """The batch's events in input order, each with the headers of the contract.
 
     `version_of` gives an event's version header (evolution.version_headers); None: every
-    event is version 1. Built straight into one list because this runs once per output record.
+    event is version 1. `traces`: command offset -> the trace context headers its events
+    carry (tracing on). Built straight into one list because this runs once per output record.
     """
     events: list[Out] = []
     append = events.append
@@ -59,6 +66,9 @@ def event_outputs(
         headers = command_event_headers(
             emitted.command_id.encode("utf-8"), emitted.offset, versions
         )
+        if traces and (context := traces.get(emitted.offset)):
+            for each in headers:
+                each.extend(context)
         if len(payloads) == 1:
             append((key, payloads[0], headers[0]))
             continue
@@ -90,6 +100,7 @@ class AggregateStep:
         self.policies = policies
         self.transient = transient
         self.version_of = version_headers(aggregate.aggregate)
+        self.tracing = tracing.current(settings.app_id)  # None: off, nothing to do per batch
         # The largest record the broker takes (checkpoint.record_limit; the runner sets it once
         # it has learned the topics'). Events, rejections and entries also keep within
         # max_output_bytes; a dead letter, a copy of its command, only within this.
@@ -129,6 +140,9 @@ class AggregateStep:
 
         s = self.settings
         agg = self.aggregate
+        traced = None
+        if self.tracing is not None:
+            traced = self.tracing.batch(f"decide {agg.name}", task.partition)
         limit = min(s.max_output_bytes, self.max_record_bytes)
         batch = functools.partial(
             process_batch,
@@ -163,12 +177,19 @@ class AggregateStep:
 
         result, puts = entry_records(result, limit, again)
         outputs: dict[str, list[Out]] = {}
-        events = event_outputs(result, self.version_of)
+        traces = contexts = None
+        if traced is not None:
+            traces, contexts = _follow(traced, records, result)
+        events = event_outputs(result, self.version_of, traces)
         if events:
             outputs[agg.events_topic] = events
         if result.rejected:
             outputs[agg.rejections_topic] = [
-                (r.key.encode("utf-8") if r.key is not None else None, r.payload, None)
+                (
+                    r.key.encode("utf-8") if r.key is not None else None,
+                    r.payload,
+                    traces.get(r.offset) if traces else None,
+                )
                 for r in result.rejected
             ]
         letters = self._dead_letters(task.partition, result.failures, self.max_record_bytes)
@@ -200,6 +221,7 @@ class AggregateStep:
                 (interrupted.record.offset, interrupted.error) if interrupted is not None else None
             ),
             persisted=persisted,
+            traced=contexts or (),
         )
 
     def _dead_letters(self, partition: int, failures: list[Failure], limit: int) -> list[Out]:
@@ -211,6 +233,31 @@ class AggregateStep:
             partition=partition,
             limit=limit,
         )
+
+
+def _follow(
+    traced: BatchTrace, records: list[Any], result: BatchResult
+) -> tuple[dict[int, list[tuple[str, bytes]]], list[Any]]:
+    """Continue the trace of each command that made events or was rejected (tracing on).
+
+    Returns command offset -> the context headers its outputs carry, and the recorded spans.
+    An unsampled context is passed on as it is; a sampled one gets a span per command.
+    """
+    traces, asked = traced.split(records)
+    if asked:
+        for emitted in result.emitted:
+            offset = emitted.offset
+            if offset in asked:
+                context = traced.follow(asked[offset], offset, emitted.command_id)
+                if context is not None:
+                    traces[offset] = context
+        for rejected in result.rejected:
+            offset = rejected.offset
+            if offset in asked:
+                context = traced.follow(asked[offset], offset, rejected.command_id, rejected.reason)
+                if context is not None:
+                    traces[offset] = context
+    return traces, traced.finish()
 
 
 def dead_letters(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from enhydra import tracing
 from enhydra.contracts.sizes import MAX_REQUEST_SIZE
 from enhydra.errors.policies import ErrorPolicies
 from enhydra.kafka.clients import open_admin
@@ -50,6 +51,7 @@ class ReactionStep:
         self.max_record_bytes = MAX_REQUEST_SIZE  # set by the runner once it knows the topics
         # commands topic -> partitions; others' are learned at start (ReactionEngine.start)
         self.partitions: dict[str, int] = {commands_topic: settings.partitions}
+        self.tracing = tracing.current(settings.app_id)  # None: off
 
     def new_cache(self) -> None:
         return None
@@ -65,6 +67,13 @@ class ReactionStep:
     def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
         s = self.settings
         topic = self.reaction.upstream_topic
+        traced = trace = None
+        if self.tracing is not None:
+            traced = self.tracing.batch(f"react {self.reaction.name}", task.partition)
+
+            def trace(record: Any) -> list[tuple[str, bytes]] | None:
+                return traced.follow(record.headers, record.offset)
+
         result = react_batch(
             self.reaction,
             records,
@@ -75,6 +84,7 @@ class ReactionStep:
             transient=self.transient,
             give_up=give_up,
             max_record_bytes=min(s.max_output_bytes, self.max_record_bytes),
+            trace=trace,
         )
         outputs: dict[Any, list[Any]] = dict(result.outputs)
         letters = dead_letters(
@@ -94,6 +104,7 @@ class ReactionStep:
             counts={"commands": result.commands, "ignored": result.ignored},
             failed=[f"{f.stage}:{type(f.error).__name__}" for f in result.failures],
             interrupted=result.interrupted,
+            traced=traced.finish() if traced is not None else (),
         )
 
 

@@ -145,11 +145,16 @@ class NotAnEvent(ValueError):
     """An upstream record a reaction cannot read: no JSON object, or not its declared type."""
 
 
+Headers = list[tuple[str, bytes]]
+
+
 @dataclass(slots=True)
 class ReactResult:
     """What a batch of upstream records made: command records per (topic, partition)."""
 
-    outputs: dict[tuple[str, int], list[tuple[bytes, bytes, None]]] = field(default_factory=dict)
+    outputs: dict[tuple[str, int], list[tuple[bytes, bytes, Headers | None]]] = field(
+        default_factory=dict
+    )
     failures: list[Failure] = field(default_factory=list)
     commands: int = 0
     ignored: int = 0  # events of types the reaction does not read
@@ -206,6 +211,7 @@ def react_batch(
     transient: tuple[type[BaseException], ...] = (),
     give_up: Mapping[int, int] | None = None,
     max_record_bytes: int = 1_000_000,
+    trace: Callable[[Any], Headers | None] | None = None,
 ) -> ReactResult:
     """Run `reaction` over one upstream partition's records in offset order.
 
@@ -214,7 +220,8 @@ def react_batch(
     that cannot be written a PROCESS or PRODUCE failure: each writes nothing and goes to the
     error policies. An error of a `transient` type stops the batch at its record so it is
     retried, unless its offset is in `give_up`. Commands go to the partition Kafka's default
-    partitioner gives their key among `partitions_of(topic)`.
+    partitioner gives their key among `partitions_of(topic)`. `trace` (tracing on) gives the
+    headers that carry an upstream record's trace context on to the commands it made.
     """
     give_up = give_up or {}
     types = reaction.reads_by_type()
@@ -254,6 +261,7 @@ def react_batch(
             attempts = give_up.get(offset, 0) + 1
             result.failures.append(Failure(record, Stage.PROCESS, exc, key, attempts))
             continue
+        headers = trace(record) if trace is not None and emitted else None
         try:
             made = []
             for n, emit in enumerate(emitted):
@@ -270,7 +278,7 @@ def react_batch(
                         f"command of {size} bytes exceeds the {max_record_bytes}-byte record limit"
                     )
                 place = (target, partition_for(raw_key, partitions_of(target)))
-                made.append((place, (raw_key, value, None)))
+                made.append((place, (raw_key, value, headers)))
         except (TypeError, ValueError) as exc:  # orjson raises TypeError for non-JSON values
             result.failures.append(Failure(record, Stage.PRODUCE, exc, key))
             continue

@@ -6,7 +6,7 @@ No I/O here: the aggregate's and the projection's steps build these, the checkpo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +35,8 @@ class StepOutput:
     # A transient error stopped the step at this record: (offset, error), retried after a backoff.
     interrupted: tuple[int, BaseException] | None = None
     persisted: Callable[[], None] | None = None  # called once the batch is durable
+    # Span contexts of the sampled records (tracing on): the batch's span links to them.
+    traced: Sequence[Any] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
+from enhydra import tracing
 from enhydra.assignment import AssignmentConfig
 from enhydra.assignment.protocol import MemberAssignment, TaskAssignor
 from enhydra.kafka.clients import Consumer, close, new_consumer, start
@@ -95,6 +96,7 @@ class _Landing:
     work: list[tuple[Task, StepOutput, int]]
     stamps: list[int]  # the input records' timestamps (ms), for the end-to-end latency
     process_s: float  # time spent in the step
+    started_at: float = 0.0  # wall clock when the step began (the batch's span)
 
 
 class TaskRunner:
@@ -171,6 +173,7 @@ class TaskRunner:
         # seconds from a command's timestamp to its outputs acknowledged; per batch by phase
         self.latency = Histogram()
         self.batch_time = Histogram()
+        self._tracing = tracing.current(settings.app_id)  # None: off
 
     # to configure --------------------------------------------------------------------------
     def topic_specs(self) -> list[TopicSpec]:
@@ -523,6 +526,7 @@ class TaskRunner:
             await self._land()  # rewinds to the first batch not yet durable, if any
             self._drop_stale({tp: records[0].offset for tp, records in batch.items() if records})
             return
+        started_at = time.time()
         step = self.step
         slices = YIELD_EVERY if self._slices else 0
         work: list[tuple[Task, StepOutput, int]] = []
@@ -569,7 +573,7 @@ class TaskRunner:
         stores = {task.partition: task.store for task, _, _ in work}
         flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
         self._last_flight = flight
-        self._flights.append(_Landing(flight, work, stamps, busy))
+        self._flights.append(_Landing(flight, work, stamps, busy, started_at))
         if self._overlaps:
             # The flight hands its outputs to the producer now, not at the next batch's first
             # pause; then one flight may fly while the next batch is fetched and computed.
@@ -635,6 +639,19 @@ class TaskRunner:
         self.batch_time.observe(flight.published_at - flight.sent_at, phase="publish")
         self.batch_time.observe(flight.done_at - flight.published_at, phase="durable")
         self.latency.observe_since(flight.published_at * 1000, landing.stamps, per_second=1000)
+        if self._tracing is not None:
+            self._tracing.record_batch(
+                self.name,
+                topic=self.input_topic,
+                records=len(landing.stamps),
+                partitions=[task.partition for task, _, _ in landing.work],
+                started=landing.started_at,
+                process_s=landing.process_s,
+                sent_at=flight.sent_at,
+                published_at=flight.published_at,
+                done_at=flight.done_at,
+                links=[c for _, out, _ in landing.work for c in out.traced],
+            )
 
     async def _watch(self) -> None:
         """Notice stalls of this process (it cannot notice while frozen) and stuck tasks."""
