@@ -35,6 +35,7 @@ class StepOutput:
     # A transient error stopped the step at this record: (offset, error), retried after a backoff.
     interrupted: tuple[int, BaseException] | None = None
     persisted: Callable[[], None] | None = None  # called once the batch is durable
+    rows: Any = None  # what a commit unit of another kind writes (a SQL projection's rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class PartitionWrite:
     outputs: Mapping[Target, list[Out]]  # records, published before the changelog
     puts: list[Put]
     last_offset: int  # the last input record handled; -1 when none was
+    rows: Any = None  # StepOutput.rows, for a commit unit of another kind
 
 
 class Step(Protocol):

@@ -156,6 +156,9 @@ class TaskRunner:
         self._stall_limit_s = settings.failure_probe_window_ms / 2000
         self._stalled = False
         self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
+        # Where the commit unit resumed each partition at its assignment (open_task), when it
+        # keeps the position itself: records fetched before that seek are not read.
+        self._resumed_at: dict[int, int] = {}
         # Kafka clients need the running loop: they are created in start() (or attached).
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
@@ -364,6 +367,8 @@ class TaskRunner:
             await self._land()
             await self._checkpoint.commit(force=True)
             registry.suspend({tp.partition for tp in revoked})
+            for tp in revoked:
+                self._resumed_at.pop(tp.partition, None)
             # Stop restoring what may go elsewhere; standbys keep following meanwhile.
             self._reader.set_copies({}, registry.following())
         if revoked:
@@ -383,7 +388,11 @@ class TaskRunner:
                 await self._checkpoint.close_task(partition)
             change = registry.assign(active, extra)
             for partition in change.active:
-                await self._checkpoint.open_task(partition)
+                resume_at = await self._checkpoint.open_task(partition)
+                if resume_at is not None:  # the commit unit keeps the input position itself
+                    assert self._consumer is not None
+                    self._consumer.seek(TopicPartition(self.input_topic, partition), resume_at)
+                    self._resumed_at[partition] = resume_at
             if assigned:
                 assert self._consumer is not None
                 self._consumer.pause(*assigned)
@@ -511,11 +520,16 @@ class TaskRunner:
         busy = 0.0
         for tp, records in batch.items():
             task = self.registry.tasks.get(tp.partition)
+            floor = self._resumed_at.get(tp.partition, -1)
             if task is None or not task.serving:
                 # Fetched just before a rebalance paused it: rewind so nothing is skipped.
                 if tp in consumer.assignment():
-                    consumer.seek(tp, records[0].offset)
+                    consumer.seek(tp, max(records[0].offset, floor))
                 continue
+            if records[0].offset < floor:  # fetched before open_task's seek
+                records = [r for r in records if r.offset >= floor]
+                if not records:
+                    continue
             if self.cuts.pending:
                 records = self.cuts.hold(consumer, tp, records)
                 if not records:
@@ -546,7 +560,10 @@ class TaskRunner:
                 await _yield_to_io()
         if not work:
             return
-        writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
+        writes = [
+            PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset, o.rows)
+            for t, o, _ in work
+        ]
         stores = {task.partition: task.store for task, _, _ in work}
         flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
         self._last_flight = flight
