@@ -393,6 +393,9 @@ class TaskRunner:
                     assert self._consumer is not None
                     self._consumer.seek(TopicPartition(self.input_topic, partition), resume_at)
                     self._resumed_at[partition] = resume_at
+                    # Lags and the watchdog read the position in the task's store: mirror it,
+                    # or a restarted task with nothing new to read looks stuck at -1.
+                    registry.tasks[partition].store.write([], input_offset=resume_at - 1)
             if assigned:
                 assert self._consumer is not None
                 self._consumer.pause(*assigned)
