@@ -182,20 +182,32 @@ async def test_the_database_down_pauses_the_projection_and_loses_nothing(
 async def test_kill_9_mid_transaction_leaves_every_row_equal_to_the_fold(
     kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
 ) -> None:
+    """Events arrive in waves, one before each kill, so every restarted worker has work to be
+    killed in (a worker quicker than the producer drains a single wave before the first kill).
+    The last worker ends idle at the end of the topic: idle is not stuck (its watchdog reads
+    the position the database resumed it at, not its empty store)."""
     topic = f"{app_id}-events"
     events = history(60, 25, seed=6)
+    cuts = [len(events) * n // 4 for n in range(5)]  # four waves, in the history's order
     env = {
         **os.environ,
-        **env_for(kafka_bootstrap, app_id, tmp_path / "state", ENHYDRA_MAX_BATCH_RECORDS="20"),
+        **env_for(
+            kafka_bootstrap,
+            app_id,
+            tmp_path / "state",
+            ENHYDRA_MAX_BATCH_RECORDS="20",
+            ENHYDRA_TASK_WATCHDOG_MS="2000",
+        ),
         "ENHYDRA_DATABASE_URL": database.url,
         "ENHYDRA_DATABASE_PASSWORD_FILE": str(database.password_file),
         "TEST_EVENTS_TOPIC": topic,
         "PYTHONPATH": str(REPO),
     }
     rng = random.Random(6)
+    log_path = tmp_path / "worker.log"
 
     def worker() -> subprocess.Popen:
-        log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 (closed with the process)
+        log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
         return subprocess.Popen(
             [sys.executable, "-m", "tests.sql.sql_worker"],
             env=env,
@@ -204,28 +216,29 @@ async def test_kill_9_mid_transaction_leaves_every_row_equal_to_the_fold(
             stderr=subprocess.STDOUT,
         )
 
+    async def moved() -> int:
+        try:
+            return sum((await positions(database)).values())
+        except Exception:  # the tables may not exist yet
+            return 0
+
     proc = worker()
     try:
-        produced = asyncio.ensure_future(produce(kafka_bootstrap, topic, events))
-        kills = 0
-        seen = 0
-        deadline = time.monotonic() + 150
-        while kills < 3 and time.monotonic() < deadline:
-            try:
-                moved = sum((await positions(database)).values())
-            except Exception:
-                moved = 0
-            if moved > seen:  # it is writing batches now: kill it at a random point
-                await asyncio.sleep(rng.uniform(0, 0.3))
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
-                kills += 1
-                seen = sum((await positions(database)).values())
-                proc = worker()
-            await asyncio.sleep(0.05)
-        await produced
-        assert kills == 3, (tmp_path / "worker.log").read_text()[-3000:]
+        for n in range(3):
+            seen = await moved()
+            await produce(kafka_bootstrap, topic, events[cuts[n] : cuts[n + 1]])
+            deadline = time.monotonic() + 60
+            while await moved() <= seen:  # it is writing batches now: kill it at a random point
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(rng.uniform(0, 0.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            proc = worker()
+        await produce(kafka_bootstrap, topic, events[cuts[3] :])
         await caught_up(database, kafka_bootstrap, topic, timeout=150)
+        await asyncio.sleep(3)  # idle at the end longer than the watchdog's limit
+        assert "task stuck" not in log_path.read_text(), log_path.read_text()[-3000:]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
