@@ -6,6 +6,7 @@ import random
 
 import orjson
 
+from enhydra import Aggregate, Service
 from enhydra.sql import Delete, SqlProjection, Table, Upsert
 
 ACCOUNTS = Table(
@@ -88,3 +89,16 @@ async def produce(bootstrap: str, topic: str, events: list[tuple[str, dict]]) ->
             await future
     finally:
         await producer.stop()
+
+
+def _decide(state: object, command: dict) -> list[dict]:
+    return [command]
+
+
+def _apply(state: object, event: dict) -> object:
+    return state
+
+
+# A service with the accounts SQL projection, for `enhydra projection rebuild
+# tests.sql.accounts:SERVICE accounts` (its app id and Kafka from ENHYDRA_*).
+SERVICE = Service("sql-accounts", Aggregate("ledger", _decide, _apply), projections=[PROJECTION])

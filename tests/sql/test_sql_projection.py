@@ -52,13 +52,13 @@ async def table(db: DatabaseSettings) -> dict[str, tuple[str, int, int]]:
         return {r[0]: (r[1], r[2], r[3]) for r in await cur.fetchall()}
 
 
-async def positions(db: DatabaseSettings) -> dict[int, int]:
+async def positions(db: DatabaseSettings, key: str = PROJECTION.positions_key) -> dict[int, int]:
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(db.conninfo()) as conn:
         cur = await conn.execute(
             "SELECT partition, next_offset FROM enhydra_sql_positions WHERE projection = %s",
-            (PROJECTION.name,),
+            (key,),
         )
         return dict(await cur.fetchall())
 
@@ -73,13 +73,19 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def caught_up(db: DatabaseSettings, bootstrap: str, topic: str, timeout: float = 120) -> None:
+async def caught_up(
+    db: DatabaseSettings,
+    bootstrap: str,
+    topic: str,
+    timeout: float = 120,
+    key: str = PROJECTION.positions_key,
+) -> None:
     ends = await end_offsets(bootstrap, topic)
     deadline = time.monotonic() + timeout
     last: dict[int, int] = {}
     while time.monotonic() < deadline:
         try:
-            last = await positions(db)
+            last = await positions(db, key)
         except Exception:  # the tables may not exist yet, or the server restarts
             last = {}
         if all(last.get(p, 0) >= end for p, end in ends.items()):

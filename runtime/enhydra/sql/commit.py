@@ -145,7 +145,7 @@ class SqlCommit:
 
         async def load(conn: AsyncConnection) -> dict[int, int]:
             return await writer.load_positions(
-                conn, self.projection.name, self.input_topic, [partition]
+                conn, self.projection.positions_key, self.input_topic, [partition]
             )
 
         position = (await self._db("read the stored position", load))[partition]
@@ -286,7 +286,7 @@ class _Attempt:
         try:
             async with conn.transaction():
                 await writer.write_plan(conn, the_plan, unit.tables, unit.method, prepared=True)
-                await writer.move_positions(conn, name, topic, self.moves)
+                await writer.move_positions(conn, unit.projection.positions_key, topic, self.moves)
             unit.stats["rows"] += the_plan.rows
             unit.stats["transactions"] += 1
             return
@@ -302,7 +302,7 @@ class _Attempt:
         """After a failed attempt: True when it committed after all (its positions moved)."""
         unit = self.unit
         stored = await writer.load_positions(
-            conn, unit.projection.name, unit.input_topic, self.moves
+            conn, unit.projection.positions_key, unit.input_topic, self.moves
         )
         if all(stored[p] == new for p, (_, new) in self.moves.items()):
             return True
@@ -328,7 +328,8 @@ class _Attempt:
                     rows += the_plan.rows
                 except ROW_ERRORS as exc:
                     failed.setdefault(partition, []).append((event.record, exc))
-            await writer.move_positions(conn, unit.projection.name, unit.input_topic, self.moves)
+            key = unit.projection.positions_key
+            await writer.move_positions(conn, key, unit.input_topic, self.moves)
             for partition, failures in failed.items():
                 for record, exc in failures:
                     log.error(

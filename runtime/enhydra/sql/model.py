@@ -106,6 +106,12 @@ class SqlProjection:
     def group_id(self, app_id: str) -> str:
         return f"{app_id}-projection-{self.name}"
 
+    @property
+    def positions_key(self) -> str:
+        """Whose positions these are in the positions table: the name at this version, so a
+        rebuild to a new version fences the writers of the old one (their rows disappear)."""
+        return f"{self.name}@v{self.version}"
+
     def changelog_topic(self, app_id: str) -> str:
         """The runner's changelog for this task's store: a SQL projection never writes to it."""
         return f"{app_id}-{self.name}-changelog"

@@ -24,7 +24,7 @@ POSITIONS = "enhydra_sql_positions"
 SCHEMAS = "enhydra_sql_schemas"
 METHODS = ("copy", "executemany")
 
-_BOOKKEEPING = (
+BOOKKEEPING = (
     f"CREATE TABLE IF NOT EXISTS {POSITIONS} ("
     " projection text NOT NULL, topic text NOT NULL, partition int NOT NULL,"
     " next_offset bigint NOT NULL, PRIMARY KEY (projection, topic, partition))",
@@ -57,7 +57,7 @@ async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> boo
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('enhydra.sql.schema'))")
-        for statement in _BOOKKEEPING:
+        for statement in BOOKKEEPING:
             await conn.execute(statement)
         cur = await conn.execute(
             f"SELECT version FROM {SCHEMAS} WHERE projection = %s", (projection.name,)
@@ -68,7 +68,8 @@ async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> boo
                 raise SchemaMismatch(
                     f"projection {projection.name!r}: the database holds its tables at schema "
                     f"version {row[0]}, the code declares version {projection.version}; "
-                    "rebuild it into new tables (or drop them) before this version runs"
+                    "run `enhydra projection rebuild TARGET NAME` to build and swap in this "
+                    "version's tables"
                 )
             return False
         for table in projection.tables:
