@@ -36,12 +36,13 @@ def _free_port() -> int:
 PASSWORD = "enhydra-test-password"
 
 
-def _pg_bin() -> Path:
+def find_server_bin() -> Path:
+    """The folder of Debian's PostgreSQL server programs, installed first when missing (root)."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if found:
         return Path(found[-1]).parent
     if os.geteuid() != 0:
-        pytest.fail(
+        raise RuntimeError(
             "PostgreSQL is missing and only root can install it: apt-get install postgresql"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -145,7 +146,10 @@ def postgres() -> Iterator[Postgres]:
     pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
     root = Path(tempfile.mkdtemp(prefix="enhydra-pg-"))
     root.chmod(0o755)
-    server = Postgres(_pg_bin(), root)
+    try:
+        server = Postgres(find_server_bin(), root)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     server.init()
     server.start()
     try:
