@@ -1,5 +1,6 @@
 """A commit unit that keeps the input position itself (a SQL projection's positions table):
-the runner's lags and watchdog must read that position, not an empty store's -1.
+the runner's lags and watchdog must read that position, not an empty store's -1; and a unit
+that waits out its database's outage holds its tasks (not stuck).
 
 Against the runner's fakes (tests/unit/test_runner_loop.py) and a fake commit unit: no
 database, no broker. A restarted SQL task with nothing new to read is idle, not stuck.
@@ -23,6 +24,7 @@ class KeptPositions:
 
     def __init__(self, positions: dict[int, int]) -> None:
         self.positions = positions
+        self.waiting: str | None = None  # why it waits for its database (SqlCommit.waiting)
 
     async def open_task(self, partition: int) -> int:
         return self.positions[partition]
@@ -76,4 +78,24 @@ async def test_a_restarted_task_counts_only_what_follows_its_stored_position(
     runner, consumer = await assigned(tmp_path, {0: 40})
     consumer.highwaters = {TopicPartition(INPUT, 0): 55}
     assert runner.input_lag() == {0: 15}
+    runner.registry.close_all()
+
+
+async def test_a_task_whose_commit_unit_waits_for_its_database_is_held_not_stuck(
+    tmp_path: Path,
+) -> None:
+    """Records wait and nothing lands while the database is down: liveness must not fail (a
+    restart brings no database back); `waiting` says why. Once it is back, the clock restarts."""
+    runner, consumer = await assigned(tmp_path, {0: 10})
+    consumer.highwaters = {TopicPartition(INPUT, 0): 50}
+    unit = runner._checkpoint
+    limit = runner.registry.watchdog.limit_s
+    unit.waiting = "database unavailable: OperationalError: connection refused"  # type: ignore[union-attr]
+    for t in range(6):
+        runner._check_progress(100.0 + t * limit)
+    assert runner.registry.watchdog.stuck == {}
+    unit.waiting = None  # type: ignore[union-attr]
+    runner._check_progress(100.0 + 6 * limit)
+    runner._check_progress(100.0 + 8 * limit)  # back, and still not moving: stuck after all
+    assert list(runner.registry.watchdog.stuck) == [0]
     runner.registry.close_all()

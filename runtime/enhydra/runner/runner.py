@@ -658,6 +658,9 @@ class TaskRunner:
         if self._consumer is None or self._reader is None:
             return
         lags = self.input_lag()
+        # A commit unit that waits out an outage of its own store (a SQL projection's database)
+        # says why; its tasks are held, not stuck: a restart would not bring the database back.
+        waiting_for = getattr(self._checkpoint, "waiting", None)
         for task in registry.active_tasks():
             p = task.partition
             if task.status is TaskStatus.RUNNING:
@@ -667,7 +670,10 @@ class TaskRunner:
                     phase="processing",
                     position=task.store.input_offset,
                     waiting=lags.get(p),
-                    held=self.cuts.holds(p) or self._retries.retrying(p) or self._stalled,
+                    held=self.cuts.holds(p)
+                    or self._retries.retrying(p)
+                    or self._stalled
+                    or waiting_for is not None,
                 )
             elif task.status is TaskStatus.RESTORING:
                 offset = task.store.changelog_offset
