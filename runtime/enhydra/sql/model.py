@@ -19,6 +19,7 @@ from typing import Any
 __all__ = ["Delete", "Op", "SqlProjection", "Table", "Upsert"]
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_CHECKED_COLUMNS: set[str] = set()  # column names `check` found valid (it runs per event)
 
 
 def check_name(kind: str, name: str) -> str:
@@ -98,10 +99,12 @@ class SqlProjection:
         if self.version < 1:
             raise ValueError(f"projection {self.name!r}: version starts at 1")
         object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tables})
 
     @property
     def by_name(self) -> dict[str, Table]:
-        return {t.name: t for t in self.tables}
+        """The tables by name (made once: `check` runs per event)."""
+        return self._by_name  # type: ignore[attr-defined]
 
     def group_id(self, app_id: str) -> str:
         return f"{app_id}-projection-{self.name}"
@@ -136,7 +139,8 @@ class SqlProjection:
                 )
             if isinstance(op, Upsert):
                 for column in op.row:
-                    check_name("column", column)
+                    if column not in _CHECKED_COLUMNS:
+                        _CHECKED_COLUMNS.add(check_name("column", column))
                 wrong = [c for c in op.add if c not in op.row or c in table.key]
                 if wrong:
                     raise ValueError(
