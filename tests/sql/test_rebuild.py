@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("psycopg")
 
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.settings import Settings
 from enhydra.sql import SqlProjection
 from enhydra.sql.config import DatabaseSettings
@@ -153,3 +154,29 @@ async def test_the_command_rebuilds_and_says_so_and_refuses_an_unknown_name_in_o
     finally:
         await engine.stop()
     assert await table(database) == model(events + history(5, 3, seed=17))
+
+
+async def test_a_rebuild_on_an_empty_database_builds_the_tables_the_live_engine_then_uses(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
+) -> None:
+    """No live tables yet (a projection added to a service with history): the rebuild fills
+    them up to the topic's end, and the engine resumes where it ended, folding nothing twice."""
+    settings = Settings.from_env(env_for(kafka_bootstrap, app_id, tmp_path / "state"))
+    topic = f"{app_id}-events"
+    history_events, new = history(30, 10, seed=18), history(5, 4, seed=19)
+    spec = TopicSpec(topic, settings.partitions, history=True)
+    await ensure_topics(settings.connection, [spec], client_id="test")
+    await produce(kafka_bootstrap, topic, history_events)
+    rebuild = Rebuild(settings, database, PROJECTION, topic, batch_records=100)
+    await rebuild.run()
+    assert rebuild.folded == len(history_events)
+    assert await table(database) == model(history_events)
+    engine = SqlProjectionEngine(settings, PROJECTION, topic, database=database)
+    await engine.start()
+    try:
+        await produce(kafka_bootstrap, topic, new)
+        await caught_up(database, kafka_bootstrap, topic)
+    finally:
+        await engine.stop()
+    assert engine.stats["processed"] == len(new)
+    assert await table(database) == model(history_events + new)
