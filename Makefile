@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml examples/ledger/pyproject.toml
 	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install maven"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,tracing]' -e examples/ledger
+	$(PY) -m pip install --quiet -e '.[dev,spark,tracing,postgres]' -e examples/ledger
 	@touch $(STAMP)
 
 $(ASYNCAPI_STAMP): tools/asyncapi/package.json tools/asyncapi/package-lock.json

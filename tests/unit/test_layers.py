@@ -32,8 +32,8 @@ LAYERS: list[tuple[str, ...]] = [
         "logs",
     ),
     # concerns over local resources or plain data: RocksDB stores, error policies and the DLQ
-    # format, the snapshot format and storage, projections' fold and reactions' pure part,
-    # plugins, the declaration
+    # format, the snapshot format and storage, projections' fold and reactions' pure part, the
+    # SQL projection's declaration, plugins, the declaration
     # toolcache: the Maven cache and the host's Java, shared by spark.jars and devtools.broker
     (
         "stores",
@@ -41,6 +41,9 @@ LAYERS: list[tuple[str, ...]] = [
         "projections.model",
         "snapshots.format",
         "snapshots.storage",
+        "sql.model",
+        "sql.rows",
+        "sql.config",
         "toolcache",
         "reactions.model",
         "sagas.model",
@@ -53,7 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the task runner and what it drives; the assignor's glue to aiokafka's group protocol;
     # failure detection (probes peers, removes dead members through kafka.membership)
     ("runner", "control", "assignment.protocol", "failover"),
-    ("processing", "projections", "reactions", "sagas", "snapshots", "spark", "admin"),
+    ("processing", "projections", "reactions", "sagas", "snapshots", "spark", "admin", "sql"),
     # the runtime container, and the shells around everything: the CLI, the test kit, the
     # scaffold, and development provisioning (the local broker, the podman image recipe),
     # which no running service imports.

@@ -220,8 +220,10 @@ def generate_handler(project: Project, name: str) -> list[Path]:
     return files
 
 
-def generate_projection(project: Project, name: str) -> list[Path]:
-    files = render("projection", project, name)
+def generate_projection(project: Project, name: str, sql: bool = False) -> list[Path]:
+    files = render("projection_sql" if sql else "projection", project, name)
+    if sql and (pyproject := needs_postgres_extra(project)) is not None:
+        files.append(pyproject)
     files.append(
         write_registry(
             project,
@@ -243,6 +245,22 @@ def generate_projection(project: Project, name: str) -> list[Path]:
     if wire_once(service_py, marker, block):
         files.append(service_py)
     return files
+
+
+def needs_postgres_extra(project: Project) -> Path | None:
+    """A SQL projection needs psycopg: the project's `enhydra` dependency gets the postgres
+    extra (once). Returns pyproject.toml when it changed it."""
+    pyproject = project.root / "pyproject.toml"
+    text = pyproject.read_text()
+    if "enhydra[postgres]" in text:
+        return None
+    changed = re.sub(r'"enhydra(\s*@|\s*[<>=~]|")', r'"enhydra[postgres]\1', text, count=1)
+    if changed == text:
+        raise GenerateError(
+            f"{pyproject}: no `enhydra` dependency found; add `enhydra[postgres]` to it yourself"
+        )
+    pyproject.write_text(changed)
+    return pyproject
 
 
 def generate_reaction(project: Project, name: str, source: str) -> list[Path]:
@@ -323,6 +341,15 @@ KINDS = {
 APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
+def check_sql(kind: str, sql: bool) -> dict[str, bool]:
+    """--sql asks for a projection into PostgreSQL; nothing else takes it."""
+    if not sql:
+        return {}
+    if kind != "projection":
+        raise GenerateError(f"--sql is for projections only, not for a {kind}")
+    return {"sql": True}
+
+
 def check_source(kind: str, source: str | None) -> dict[str, str]:
     """A reaction names the upstream service it reacts to; a saga may name one it also reads;
     nothing else takes --from."""
@@ -366,22 +393,29 @@ def check_source(kind: str, source: str | None) -> dict[str, str]:
     help="For a reaction: the app id of the service whose events it reacts to; for a saga: "
     "another service whose events it reads besides this one's.",
 )
-def generate(kind: str, name: str, project: Path, source: str | None) -> None:
-    """Add a handler, projection, reaction or job NAME (with tests) to a generated service.
+@click.option(
+    "--sql",
+    is_flag=True,
+    help="For a projection: rows in PostgreSQL tables (DDL, a test against a real database).",
+)
+def generate(kind: str, name: str, project: Path, source: str | None, sql: bool) -> None:
+    """Add a handler, projection, reaction, saga or job NAME (with tests) to a generated service.
 
     A reaction turns the events of the service APP (--from) into commands of this one. A saga
     keeps state per correlation id over this service's events (and APP's, with --from) and
-    sends commands when its deadlines fire.
+    sends commands when its deadlines fire. A projection with --sql writes rows into PostgreSQL
+    tables (enhydra[postgres]).
 
     \b
     Examples:
       enhydra generate handler restock
       enhydra generate projection daily_totals --project ~/src/billing
+      enhydra generate projection balances --sql
       enhydra generate reaction reserve_stock --from orders
       enhydra generate saga unpaid_orders --from payments
     """
     require_dev_tools("generate")
-    extra = check_source(kind, source)
+    extra: dict[str, Any] = {**check_source(kind, source), **check_sql(kind, sql)}
     found = find_project(project.resolve())
     for path in KINDS[kind](found, check_name(name), **extra):
         click.echo(f"wrote {path.relative_to(found.root)}")

@@ -10,8 +10,19 @@ from enhydra.errors.uncaught import EXIT_SHUTDOWN_CLIENT
 from enhydra.projections.engine import ProjectionEngine
 from enhydra.projections.model import Projection
 from enhydra.settings import Settings
+from enhydra.sql.model import SqlProjection
 
 Shutdown = Callable[..., None]  # (exit_code, message, **context): stop this instance
+
+
+def engine_for(settings: Settings, projection: Any, events_topic: str, **options: Any) -> Any:
+    """The engine of a projection: RocksDB for a Projection, PostgreSQL for a SqlProjection
+    (imported only then: it needs the enhydra[postgres] extra)."""
+    if isinstance(projection, SqlProjection):
+        from enhydra.sql.engine import SqlProjectionEngine
+
+        return SqlProjectionEngine(settings, projection, events_topic, **options)
+    return ProjectionEngine(settings, projection, events_topic, **options)
 
 
 class ProjectionHost:
@@ -41,7 +52,7 @@ class ProjectionHost:
 
     async def start(self) -> None:
         for projection, plugin in self.projections:
-            engine = ProjectionEngine(
+            engine = engine_for(
                 self.settings,
                 projection,
                 self.events_topic,

@@ -37,6 +37,7 @@ class StepOutput:
     persisted: Callable[[], None] | None = None  # called once the batch is durable
     # Span contexts of the sampled records (tracing on): the batch's span links to them.
     traced: Sequence[Any] = ()
+    rows: Any = None  # what a commit unit of another kind writes (a SQL projection's rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class PartitionWrite:
     outputs: Mapping[Target, list[Out]]  # records, published before the changelog
     puts: list[Put]
     last_offset: int  # the last input record handled; -1 when none was
+    rows: Any = None  # StepOutput.rows, for a commit unit of another kind
 
 
 class Step(Protocol):

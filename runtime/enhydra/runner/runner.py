@@ -160,6 +160,9 @@ class TaskRunner:
         self._stall_limit_s = settings.failure_probe_window_ms / 2000
         self._stalled = False
         self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
+        # Where the commit unit resumed each partition at its assignment (open_task), when it
+        # keeps the position itself: records fetched before that seek are not read.
+        self._resumed_at: dict[int, int] = {}
         # Kafka clients need the running loop: they are created in start() (or attached).
         self._checkpoint: Checkpoint | None = None
         self._reader: ChangelogReader | None = None
@@ -372,6 +375,8 @@ class TaskRunner:
             await self._land()
             await self._checkpoint.commit(force=True)
             registry.suspend({tp.partition for tp in revoked})
+            for tp in revoked:
+                self._resumed_at.pop(tp.partition, None)
             # Stop restoring what may go elsewhere; standbys keep following meanwhile.
             self._reader.set_copies({}, registry.following())
         if revoked:
@@ -391,7 +396,14 @@ class TaskRunner:
                 await self._checkpoint.close_task(partition)
             change = registry.assign(active, extra)
             for partition in change.active:
-                await self._checkpoint.open_task(partition)
+                resume_at = await self._checkpoint.open_task(partition)
+                if resume_at is not None:  # the commit unit keeps the input position itself
+                    assert self._consumer is not None
+                    self._consumer.seek(TopicPartition(self.input_topic, partition), resume_at)
+                    self._resumed_at[partition] = resume_at
+                    # Lags and the watchdog read the position in the task's store: mirror it,
+                    # or a restarted task with nothing new to read looks stuck at -1.
+                    registry.tasks[partition].store.write([], input_offset=resume_at - 1)
             if assigned:
                 assert self._consumer is not None
                 self._consumer.pause(*assigned)
@@ -534,11 +546,16 @@ class TaskRunner:
         busy = 0.0
         for tp, records in batch.items():
             task = self.registry.tasks.get(tp.partition)
+            floor = self._resumed_at.get(tp.partition, -1)
             if task is None or not task.serving:
                 # Fetched just before a rebalance paused it: rewind so nothing is skipped.
                 if records and tp in consumer.assignment():
-                    consumer.seek(tp, records[0].offset)
+                    consumer.seek(tp, max(records[0].offset, floor))
                 continue
+            if records and records[0].offset < floor:  # fetched before open_task's seek
+                records = [r for r in records if r.offset >= floor]
+                if not records:
+                    continue
             if self.cuts.pending:
                 records = self.cuts.hold(consumer, tp, records)
                 if not records:
@@ -569,7 +586,10 @@ class TaskRunner:
                 await _yield_to_io()
         if not work:
             return
-        writes = [PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset) for t, o, _ in work]
+        writes = [
+            PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset, o.rows)
+            for t, o, _ in work
+        ]
         stores = {task.partition: task.store for task, _, _ in work}
         flight = checkpoint.begin(writes, stores, self._last_flight, self._guard)
         self._last_flight = flight
@@ -674,6 +694,9 @@ class TaskRunner:
         if self._consumer is None or self._reader is None:
             return
         lags = self.input_lag()
+        # A commit unit that waits out an outage of its own store (a SQL projection's database)
+        # says why; its tasks are held, not stuck: a restart would not bring the database back.
+        waiting_for = getattr(self._checkpoint, "waiting", None)
         for task in registry.active_tasks():
             p = task.partition
             if task.status is TaskStatus.RUNNING:
@@ -683,7 +706,10 @@ class TaskRunner:
                     phase="processing",
                     position=task.store.input_offset,
                     waiting=lags.get(p),
-                    held=self.cuts.holds(p) or self._retries.retrying(p) or self._stalled,
+                    held=self.cuts.holds(p)
+                    or self._retries.retrying(p)
+                    or self._stalled
+                    or waiting_for is not None,
                 )
             elif task.status is TaskStatus.RESTORING:
                 offset = task.store.changelog_offset

@@ -1,0 +1,230 @@
+"""The SQL a SQL projection runs: its bookkeeping tables, its schema, a plan's statements.
+
+Two ways to write a plan's upserts, both measured by bench/sql_projection.py:
+`copy` streams the rows into a temporary stage table with COPY, `executemany` inserts them
+there pipelined by psycopg; then one UPDATE and one INSERT per shape merge the stage in.
+Identifiers come from the projection's declaration, checked by model.check_name, and are
+quoted; values always travel as parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from enhydra.sql.model import SqlProjection, Table
+from enhydra.sql.rows import Plan
+
+POSITIONS = "enhydra_sql_positions"
+SCHEMAS = "enhydra_sql_schemas"
+METHODS = ("copy", "executemany")
+
+BOOKKEEPING = (
+    f"CREATE TABLE IF NOT EXISTS {POSITIONS} ("
+    " projection text NOT NULL, topic text NOT NULL, partition int NOT NULL,"
+    " next_offset bigint NOT NULL, PRIMARY KEY (projection, topic, partition))",
+    f"CREATE TABLE IF NOT EXISTS {SCHEMAS} ("
+    " projection text PRIMARY KEY, version int NOT NULL,"
+    " created_at timestamptz NOT NULL DEFAULT now())",
+)
+
+
+class SchemaMismatch(RuntimeError):
+    """The database holds the projection's tables at another version than the code declares."""
+
+
+class PartitionLost(RuntimeError):
+    """Another instance moved a partition's position since this one read it: not ours now."""
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'
+
+
+def _value(value: Any) -> Any:
+    return Jsonb(value) if isinstance(value, dict | list) else value
+
+
+async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> bool:
+    """Create the bookkeeping and the projection's tables once; True when they were created.
+
+    Instances starting together take one advisory lock, so only one runs the DDL.
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('enhydra.sql.schema'))")
+        for statement in BOOKKEEPING:
+            await conn.execute(statement)
+        cur = await conn.execute(
+            f"SELECT version FROM {SCHEMAS} WHERE projection = %s", (projection.name,)
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            if row[0] != projection.version:
+                raise SchemaMismatch(
+                    f"projection {projection.name!r}: the database holds its tables at schema "
+                    f"version {row[0]}, the code declares version {projection.version}; "
+                    "run `enhydra projection rebuild TARGET NAME` to build and swap in this "
+                    "version's tables"
+                )
+            return False
+        for table in projection.tables:
+            await conn.execute(table.create(table.name))  # type: ignore[arg-type]
+        await conn.execute(
+            f"INSERT INTO {SCHEMAS} (projection, version) VALUES (%s, %s)",
+            (projection.name, projection.version),
+        )
+        return True
+
+
+async def load_positions(
+    conn: AsyncConnection, projection: str, topic: str, partitions: Iterable[int]
+) -> dict[int, int]:
+    """The next events offset to fold per partition, as committed with the rows."""
+    wanted = sorted(partitions)
+    async with conn.transaction():
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                f"INSERT INTO {POSITIONS} (projection, topic, partition, next_offset) "
+                "VALUES (%s, %s, %s, 0) ON CONFLICT DO NOTHING",
+                [(projection, topic, p) for p in wanted],
+            )
+        cur = await conn.execute(
+            f"SELECT partition, next_offset FROM {POSITIONS} "
+            "WHERE projection = %s AND topic = %s AND partition = ANY(%s)",
+            (projection, topic, wanted),
+        )
+        return {p: o for p, o in await cur.fetchall()}
+
+
+async def move_positions(
+    conn: AsyncConnection,
+    projection: str,
+    topic: str,
+    moves: Mapping[int, tuple[int, int]],
+) -> None:
+    """Move each partition's position from `expected` to `new` (partition -> (expected, new)),
+    or raise PartitionLost: a position another writer moved means the partition is not ours."""
+    for partition, (expected, new) in sorted(moves.items()):
+        cur = await conn.execute(
+            f"UPDATE {POSITIONS} SET next_offset = %s WHERE projection = %s AND topic = %s "
+            "AND partition = %s AND next_offset = %s",
+            (new, projection, topic, partition, expected),
+        )
+        if cur.rowcount != 1:
+            raise PartitionLost(
+                f"projection {projection!r}: partition {partition} of {topic} was moved past "
+                f"offset {expected} by another instance; this one no longer owns it"
+            )
+
+
+def _set(table: Table, columns: tuple[str, ...], add: tuple[str, ...], source: str) -> list[str]:
+    return [
+        f"{_q(c)} = {_q(table.name)}.{_q(c)} + {source}.{_q(c)}"
+        if c in add
+        else f"{_q(c)} = {source}.{_q(c)}"
+        for c in columns
+        if c not in table.key
+    ]
+
+
+def merge_sql(
+    table: Table, columns: tuple[str, ...], add: tuple[str, ...], stage: str
+) -> list[str]:
+    """Statements that merge a stage's rows into `table`: update the rows that exist, insert
+    the others. An INSERT ... ON CONFLICT alone would not do: PostgreSQL checks NOT NULL and
+    CHECK constraints on the row to insert before it finds the conflict, so a row naming only
+    some columns could never update a stored one."""
+    t = _q(table.name)
+    names = ", ".join(map(_q, columns))
+    same_key = " AND ".join(f"{t}.{_q(c)} = s.{_q(c)}" for c in table.key)
+    updates = _set(table, columns, add, "s")
+    statements = []
+    if updates:
+        statements.append(f"UPDATE {t} SET {', '.join(updates)} FROM {stage} s WHERE {same_key}")
+    conflict = ", ".join(map(_q, table.key))
+    # Another instance may insert the key meanwhile (a projection writing one row from several
+    # partitions): then the insert updates it instead.
+    again = _set(table, columns, add, "EXCLUDED")
+    action = f"DO UPDATE SET {', '.join(again)}" if again else "DO NOTHING"
+    statements.append(
+        f"INSERT INTO {t} ({names}) SELECT {names} FROM {stage} s "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE {same_key}) "
+        f"ON CONFLICT ({conflict}) {action}"
+    )
+    return statements
+
+
+def _stage_name(table: str, columns: tuple[str, ...]) -> str:
+    digest = hashlib.blake2s(repr((table, columns)).encode(), digest_size=6).hexdigest()
+    return f"_enhydra_stage_{digest}"
+
+
+def _create_stage(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(map(_q, columns))
+    return (
+        f"CREATE TEMP TABLE IF NOT EXISTS {_stage_name(table, columns)} ON COMMIT DELETE ROWS "
+        f"AS SELECT {names} FROM {_q(table)} WITH NO DATA"
+    )
+
+
+# The stage tables each pooled connection has (a temporary table lives as long as its session).
+_stages: WeakKeyDictionary[AsyncConnection, set[str]] = WeakKeyDictionary()
+
+
+async def prepare_stages(conn: AsyncConnection, plan: Plan) -> None:
+    """Create the plan's stage tables a connection lacks, outside the batch's transaction (on
+    an autocommit connection): a batch then needs one statement less per shape."""
+    known = _stages.setdefault(conn, set())
+    for name, columns, _ in plan.upserts:
+        stage = _stage_name(name, columns)
+        if stage not in known:
+            await conn.execute(_create_stage(name, columns))
+            known.add(stage)
+
+
+async def write_plan(
+    conn: AsyncConnection,
+    plan: Plan,
+    tables: Mapping[str, Table],
+    method: str = "copy",
+    *,
+    clear: bool = False,
+    prepared: bool = False,
+) -> None:
+    """Run the plan's deletes, then its upserts, inside the caller's transaction.
+
+    Upserts go through a temporary stage table per shape (emptied at commit, or at once with
+    `clear` when the transaction writes several plans), filled by COPY or by a pipelined
+    executemany, then merged (merge_sql). `prepared`: prepare_stages created them already.
+    """
+    async with conn.cursor() as cur:
+        for name, keys in plan.deletes.items():
+            table = tables[name]
+            where = " AND ".join(f"{_q(c)} = %s" for c in table.key)
+            await cur.executemany(
+                f"DELETE FROM {_q(name)} WHERE {where}",
+                [tuple(map(_value, k)) for k in keys],
+            )
+        for (name, columns, add), rows in plan.upserts.items():
+            table = tables[name]
+            values = [tuple(map(_value, row)) for row in rows]
+            stage = _stage_name(name, columns)
+            names = ", ".join(map(_q, columns))
+            if not prepared:
+                await cur.execute(_create_stage(name, columns))
+            if method == "executemany":
+                marks = ", ".join(["%s"] * len(columns))
+                await cur.executemany(f"INSERT INTO {stage} ({names}) VALUES ({marks})", values)
+            else:
+                async with cur.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
+                    for row in values:
+                        await copy.write_row(row)
+            for statement in merge_sql(table, columns, add, stage):
+                await cur.execute(statement)
+            if clear:
+                await cur.execute(f"DELETE FROM {stage}")

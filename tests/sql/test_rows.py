@@ -1,0 +1,85 @@
+"""The pure parts of SQL projections: declarations, one batch's rows as statements, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from enhydra.sql import Delete, SqlProjection, Table, Upsert
+from enhydra.sql.config import DatabaseConfigError, DatabaseSettings, redact
+from enhydra.sql.rows import plan
+
+ACCOUNTS = Table("accounts", ("id",), "CREATE TABLE {table} (id text PRIMARY KEY, n bigint)")
+TABLES = {"accounts": ACCOUNTS}
+
+
+def test_rows_of_one_key_collapse_to_one_change_in_order() -> None:
+    ops = [
+        Upsert("accounts", {"id": "a", "n": 5}, add=("n",)),
+        Upsert("accounts", {"id": "a", "n": 2}, add=("n",)),
+        Upsert("accounts", {"id": "b", "n": 1}),
+        Delete("accounts", {"id": "b"}),
+        Delete("accounts", {"id": "c"}),
+        Upsert("accounts", {"id": "c", "n": 3}, add=("n",)),
+    ]
+    result = plan(ops, TABLES)
+    assert sorted(result.deletes["accounts"]) == [("b",), ("c",)]
+    # a: two additions sum to one relative row; c: inserted after its delete
+    assert result.upserts == {("accounts", ("id", "n"), ("n",)): [("a", 7), ("c", 3)]}
+
+
+def test_an_absolute_value_then_an_addition_stays_absolute() -> None:
+    ops = [
+        Upsert("accounts", {"id": "a", "n": 10}),
+        Upsert("accounts", {"id": "a", "n": 1}, add=("n",)),
+    ]
+    assert plan(ops, TABLES).upserts == {("accounts", ("id", "n"), ()): [("a", 11)]}
+
+
+def test_ops_on_tables_or_keys_the_projection_lacks_are_refused() -> None:
+    projection = SqlProjection("p", lambda k, e: [], (ACCOUNTS,))
+    with pytest.raises(ValueError, match="does not declare"):
+        projection.check([Upsert("other", {"id": "a"})])
+    with pytest.raises(ValueError, match="lacks its key"):
+        projection.check([Upsert("accounts", {"n": 1})])
+    with pytest.raises(ValueError, match="add= names id"):
+        projection.check([Upsert("accounts", {"id": "a"}, add=("id",))])
+    with pytest.raises(ValueError, match="lower-case"):
+        projection.check([Upsert("accounts", {"id": "a", 'n"; drop': 1})])
+
+
+def test_declarations_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="CREATE TABLE"):
+        Table("t", ("id",), "CREATE TABLE t (id text)")
+    with pytest.raises(ValueError, match="key columns"):
+        Table("t", (), "CREATE TABLE {table} (id text)")
+    with pytest.raises(ValueError, match="declare the tables"):
+        SqlProjection("p", lambda k, e: [], ())
+
+
+def test_database_settings_never_show_the_password(tmp_path) -> None:
+    url = "postgresql://app:s3cret@db:5432/reads"
+    assert redact(url) == "postgresql://app:***@db:5432/reads"
+    assert "s3cret" not in repr(DatabaseSettings(url))
+    with pytest.raises(DatabaseConfigError, match="ENHYDRA_DATABASE_URL is not set"):
+        DatabaseSettings.from_env({})
+    with pytest.raises(DatabaseConfigError, match="not a readable file"):
+        DatabaseSettings.from_env(
+            {"ENHYDRA_DATABASE_URL": url, "ENHYDRA_DATABASE_PASSWORD_FILE": str(tmp_path / "x")}
+        )
+    with pytest.raises(DatabaseConfigError, match="expected postgresql://"):
+        DatabaseSettings("mysql://app:s3cret@db/x")
+
+
+def test_the_host_runs_a_sql_projection_on_its_own_engine(monkeypatch, tmp_path) -> None:
+    from enhydra.projections.host import engine_for
+    from enhydra.settings import Settings
+    from enhydra.sql.engine import SqlProjectionEngine
+
+    monkeypatch.setenv("ENHYDRA_DATABASE_URL", "postgresql://app:s3cret@db:5432/reads")
+    settings = Settings.from_env({"ENHYDRA_APP_ID": "a", "ENHYDRA_STATE_DIR": str(tmp_path)})
+    projection = SqlProjection("balances", lambda k, e: [], (ACCOUNTS,))
+    engine = engine_for(settings, projection, "a-events")
+    assert isinstance(engine, SqlProjectionEngine)
+    described = engine.describe()
+    assert described["kind"] == "sql" and described["waiting"] is None
+    assert described["database"] == "postgresql://app:***@db:5432/reads"
