@@ -6,6 +6,11 @@ it moves with `advance`; orders' own events are fed to it as its forwarder reads
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import msgspec
 import pytest
 from enhydra.testing import Driver
@@ -97,6 +102,17 @@ def test_the_deadline_is_a_setting_with_a_production_default() -> None:
     for bad in ("soon", "0", "-3", "nan"):
         with pytest.raises(ValueError, match="a number of seconds above 0"):
             unpaid_after({"SHOP_UNPAID_AFTER_S": bad})
+
+
+def test_a_bad_deadline_setting_stops_the_service_with_one_line() -> None:
+    env = {**os.environ, "SHOP_UNPAID_AFTER_S": "soon"}
+    root = Path(__file__).resolve().parents[1]
+    start = [sys.executable, "-c", "import orders.service"]
+    done = subprocess.run(start, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "orders: SHOP_UNPAID_AFTER_S='soon': give a number of seconds above 0, e.g. 900"
+    )
 
 
 def test_the_service_runs_it() -> None:

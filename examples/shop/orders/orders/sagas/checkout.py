@@ -43,7 +43,10 @@ def unpaid_after(environ: dict[str, str] | os._Environ[str] = os.environ) -> flo
     return seconds
 
 
-UNPAID_AFTER_S = unpaid_after()
+try:
+    UNPAID_AFTER_S = unpaid_after()
+except ValueError as bad:  # one plain line, however the service is started
+    raise SystemExit(f"orders: {bad}") from None
 
 
 def correlate(upstream: Upstream) -> str | None:
