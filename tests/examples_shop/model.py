@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LIMIT = 1000  # payments declines a larger amount
+AWAITING = 7  # payments leaves an amount ending in 7 (within the limit) unanswered
 PLENTY = 5000  # restocked for a plentiful sku: more than every order on it together
 SCARCE = 1  # restocked for a scarce sku: less than any order on it
 
@@ -39,7 +40,7 @@ def generate(count: int, *, skus: int = 12, seed: int = 28) -> Shop:
     for n in range(count):
         order, sku = f"order-{n:05d}", rng.choice(names)
         quantity = rng.randint(SCARCE + 1, 5)
-        amount = rng.randint(1, LIMIT * 13 // 10)  # about 1 in 4 above the limit
+        amount = rng.randint(1, LIMIT * 13 // 10)  # about 1 in 4 above, 1 in 13 unpaid
         place = {"type": "place", "order": order, "sku": sku, "quantity": quantity}
         orders.append((order, {"command_id": f"place-{order}", **place, "amount": amount}))
     return Shop(restocks, orders, stock)
@@ -56,7 +57,12 @@ class Expected:
 
 
 def model(shop: Shop) -> Expected:
-    """Where every order ends, and what stock and payments hold then."""
+    """Where every order ends, and what stock and payments hold then.
+
+    An order whose payment is never answered is cancelled by orders' checkout saga, once, and
+    stock releases its items; the payment stays awaiting (the deadline is longer than any
+    answer takes, so no answer comes after a cancel).
+    """
     demand: dict[str, int] = {}
     for _, place in shop.orders:
         demand[place["sku"]] = demand.get(place["sku"], 0) + place["quantity"]
@@ -71,7 +77,7 @@ def model(shop: Shop) -> Expected:
     for order, place in shop.orders:
         sku, quantity, amount = place["sku"], place["quantity"], place["amount"]
         item = stock.setdefault(sku, {"available": 0, "reserved": 0, "refused": 0})
-        events["orders"] += 2  # placed, then confirmed or rejected
+        events["orders"] += 2  # placed, then confirmed, rejected or cancelled
         events["stock"] += 1  # reserved or out_of_stock
         if quantity > item["available"]:
             item["refused"] += 1
@@ -81,6 +87,11 @@ def model(shop: Shop) -> Expected:
             events["payments"] += 1
             events["stock"] += 1  # released
             status, reason = "rejected", "payment_declined"
+        elif amount % 10 == AWAITING:
+            payments[order] = {"status": "awaiting", "amount": amount}
+            events["payments"] += 1
+            events["stock"] += 1  # released
+            status, reason = "cancelled", "unpaid"
         else:
             item["available"] -= quantity
             item["reserved"] += quantity

@@ -99,3 +99,12 @@ def test_kubernetes_deploys_every_service_with_one_partition_count() -> None:
         assert container["image"].startswith(f"{name}:")
         partitions.add(env["ENHYDRA_PARTITIONS"])
     assert partitions == {"4"}
+
+
+def test_the_unpaid_deadline_is_set_where_orders_runs() -> None:
+    """The checkout saga's deadline is a setting; both deployments spell out its default."""
+    (compose,) = load_yaml(SHOP / "docker-compose.yml")
+    (sts,) = load_yaml(SHOP / "orders" / "k8s" / "statefulset.yaml")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    assert compose["services"]["orders"]["environment"]["SHOP_UNPAID_AFTER_S"] == "900"
+    assert env_of(container)["SHOP_UNPAID_AFTER_S"] == "900"

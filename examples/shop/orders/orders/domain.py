@@ -5,8 +5,8 @@ Commands (JSON, keyed by order id; "type" picks the Struct):
     confirm  {order}                          its payment was captured (reaction `payments`)
     reject   {order, reason}                  out of stock (reaction `stock`) or payment
                                               declined (reaction `payments`)
-    cancel   {order, reason}                  a pending order is given up; what a deadline
-                                              ("unpaid after N seconds") will send
+    cancel   {order, reason}                  a pending order is given up: the checkout
+                                              saga's deadline (orders/sagas/checkout.py)
 
 Only a pending order moves, and it moves once: confirmed, rejected and cancelled are final, so
 a late answer for a settled order is a rejection (in orders-rejections), never a second change.

@@ -1,4 +1,5 @@
-"""The orders service: the orders aggregate, and reactions to stock's and payments' events.
+"""The orders service: the orders aggregate, reactions to stock's and payments' events, and
+the checkout saga (orders unpaid in time are cancelled).
 
 The values here are defaults: every ENHYDRA_* environment variable overrides them.
 """
@@ -17,3 +18,9 @@ service = Service(
     processing_exception_handler="dlq",
     reactions=reactions(),
 )
+
+
+# Sagas added by `enhydra generate saga`: one module each in orders/sagas/.
+from orders.sagas import SAGAS  # noqa: E402
+
+service.sagas.extend(SAGAS)

@@ -3,9 +3,12 @@
 Commands (JSON, keyed by order id):
     request  {order, amount}    stock reserved the order's items (reaction `stock`)
 
-A payment is captured when the amount is at most LIMIT euros, and declined otherwise (a
-stand-in for a card processor's answer that keeps the example deterministic). Both answers are
-events: orders confirms or rejects the order on them. Both functions are pure.
+A payment is declined when the amount is above LIMIT euros; within it, an amount ending in
+AWAITING waits for the customer's approval (3-D Secure), which never comes in this example;
+any other is captured. This stands in for a card processor's answers and keeps the example
+deterministic. Every answer is an event: orders confirms on `captured` and rejects on
+`declined`; an `awaiting` payment answers nothing, so the order stays pending until orders'
+checkout saga cancels it. Both functions are pure.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import msgspec
 from enhydra import Aggregate, Rejection
 
 LIMIT = 1000  # euros: larger payments are declined
+AWAITING = 7  # an amount ending in this digit waits for an approval that never comes
 
 OrderId = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -37,11 +41,15 @@ class Declined(msgspec.Struct, tag="declined"):
     limit: int
 
 
-Event = Captured | Declined
+class Awaiting(msgspec.Struct, tag="awaiting"):
+    amount: int
+
+
+Event = Captured | Declined | Awaiting
 
 
 class Payment(msgspec.Struct):
-    status: Literal["captured", "declined"]
+    status: Literal["captured", "declined", "awaiting"]
     amount: int
 
 
@@ -50,6 +58,8 @@ def decide(state: Payment | None, command: Command) -> list[Event]:
         raise Rejection(f"payment already {state.status}")
     if command.amount > LIMIT:
         return [Declined(command.amount, LIMIT)]
+    if command.amount % 10 == AWAITING:
+        return [Awaiting(command.amount)]
     return [Captured(command.amount)]
 
 
@@ -59,6 +69,8 @@ def apply(state: Payment | None, event: Event) -> Payment:
             return Payment("captured", amount)
         case Declined(amount=amount):
             return Payment("declined", amount)
+        case Awaiting(amount=amount):
+            return Payment("awaiting", amount)
     raise ValueError(f"unknown event {event!r}")
 
 
@@ -67,7 +79,7 @@ payments = Aggregate(
     decide=decide,
     apply=apply,
     command_types=(Request,),
-    event_types=(Captured, Declined),
+    event_types=(Captured, Declined, Awaiting),
     state_type=Payment,
-    description="Payments per order: captured or declined, once.",
+    description="Payments per order: captured, declined or awaiting approval, once.",
 )

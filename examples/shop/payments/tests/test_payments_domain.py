@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enhydra.testing import Driver
 
-from payments.domain import LIMIT
+from payments.domain import AWAITING, LIMIT
 from payments.service import service
 
 
@@ -25,6 +25,14 @@ def test_above_the_limit_is_declined():
     d.feed("stock", "mug", reserved("o1", LIMIT + 1))
     assert d.state("o1").status == "declined"
     assert d.events[-1][1].limit == LIMIT
+
+
+def test_an_amount_ending_in_awaiting_waits_and_answers_nothing_orders_reads():
+    d = Driver(service)
+    d.feed("stock", "mug", reserved("o1", 10 + AWAITING))
+    assert (d.state("o1").status, d.events[-1][1].amount) == ("awaiting", 10 + AWAITING)
+    d.feed("stock", "mug", reserved("o2", LIMIT + 10 + AWAITING))
+    assert d.state("o2").status == "declined"  # above the limit: declined, whatever its digit
 
 
 def test_an_order_is_paid_once():

@@ -3,7 +3,8 @@
 Commands (JSON, keyed by sku; "type" picks the Struct):
     restock  {sku, quantity}                  items arrive (from outside)
     reserve  {sku, order, quantity, amount}   an order was placed (reaction `orders`)
-    release  {sku, order, quantity}           a reserved order was rejected (reaction `orders`)
+    release  {sku, order, quantity}           a reserved order was rejected or cancelled
+                                              (reaction `orders`)
 
 A reserve either holds the items (`reserved`, which payments answers) or says `out_of_stock`
 (which orders answers): both are events, so the other services can react to either. A sku

@@ -1,4 +1,5 @@
-"""What stock does with orders' events: reserve for a placed order, release for a rejected one.
+"""What stock does with orders' events: reserve for a placed order, release for a rejected
+(payment declined) or cancelled (unpaid) one.
 
 The upstream types below are this service's side of the contract (contracts/orders.json holds
 orders' own): only the fields read here are declared.
@@ -27,15 +28,26 @@ class OrderRejected(msgspec.Struct, tag="rejected"):
     quantity: int
 
 
+class OrderCancelled(msgspec.Struct, tag="cancelled"):
+    sku: str
+    quantity: int
+
+
 def on_order(upstream: Upstream) -> list[Emit]:
     """Orders are keyed by order id; stock is keyed by sku."""
     order, event = upstream.key or "", upstream.event
     if isinstance(event, OrderPlaced):
         return [Emit(event.sku, Reserve(event.sku, order, event.quantity, event.amount))]
+    if isinstance(event, OrderCancelled):  # unpaid in time: its items were reserved
+        return [Emit(event.sku, Release(event.sku, order, event.quantity))]
     if event.reason == "payment_declined":  # only then were its items reserved
         return [Emit(event.sku, Release(event.sku, order, event.quantity))]
     return []
 
 
 def reactions() -> list[Reaction]:
-    return [Reaction("orders", app_id("orders"), on_order, reads=[OrderPlaced, OrderRejected])]
+    return [
+        Reaction(
+            "orders", app_id("orders"), on_order, reads=[OrderPlaced, OrderRejected, OrderCancelled]
+        )
+    ]

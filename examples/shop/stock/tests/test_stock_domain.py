@@ -39,6 +39,17 @@ def test_a_declined_order_releases_its_items_and_an_out_of_stock_one_does_not():
     assert d.feed("orders", "o2", {**rejected, "reason": "out_of_stock"}) == []
 
 
+def test_a_cancelled_order_releases_its_items():
+    d = Driver(service)
+    d.send("mug", {"command_id": "r", "type": "restock", "sku": "mug", "quantity": 5})
+    d.feed("orders", *placed("o1", 2))
+    cancelled = {"type": "cancelled", "reason": "unpaid", "sku": "mug", "quantity": 2}
+    [outcome] = d.feed("orders", "o1", cancelled)
+    assert outcome.accepted
+    assert (d.state("mug").available, d.state("mug").reserved) == (5, 0)
+    assert d.events[-1][1].order == "o1"
+
+
 def test_orders_events_stock_does_not_read_are_ignored():
     d = Driver(service)
     assert d.feed("orders", "o1", {"type": "confirmed"}) == []
