@@ -112,10 +112,45 @@ def render(kind: str, project: Project, name: str, **extra: Any) -> list[Path]:
         if target.exists():
             raise GenerateError(f"{target} already exists: choose another name")
         planned.append((target, env.from_string(template.read_text()).render(context)))
+    _check_domain_names(kind, project, [text for _, text in planned])
     for target, text in planned:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     return [target for target, _ in planned]
+
+
+def _module_names(path: Path) -> set[str]:
+    """The names a module defines at top level (assigned, imported, def, class)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _check_domain_names(kind: str, project: Project, texts: list[str]) -> None:
+    """A generator's files import the template's names from PKG/domain.py (KEY_FIELD, CREATE,
+    ...): a domain rewritten without them would get modules that do not import. Say so before
+    writing anything."""
+    wanted: set[str] = set()
+    module = f"{project.package}.domain"
+    for text in texts:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module == module:
+                wanted.update(a.name for a in node.names)
+    domain = project.package_dir / "domain.py"
+    missing = sorted(wanted - _module_names(domain)) if domain.exists() else sorted(wanted)
+    if missing:
+        raise GenerateError(
+            f"generate {kind} uses {', '.join(missing)} from {project.package}/domain.py, which "
+            "does not define them (a generated service's domain.py does): define them there, "
+            f"or write the {kind} by hand (docs/); nothing was written"
+        )
 
 
 def _assigned_call(path: Path, callee: str) -> tuple[str, ast.Call]:
