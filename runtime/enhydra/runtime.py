@@ -63,7 +63,7 @@ from enhydra.query.http import AdminRoute, build_app
 from enhydra.reactions.engine import ReactionEngine
 from enhydra.reactions.host import ReactionHost
 from enhydra.runner.registry import Verdict
-from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance
+from enhydra.runner.runner import STOP_MARGIN_S, FencedInstance, TaskRunner
 from enhydra.sagas.host import SagaHost, saga_engines
 from enhydra.settings import INSTANCE_ID_FILE
 from enhydra.snapshots.admission import refusal, same_storage
@@ -216,17 +216,20 @@ class Runtime:
         body = {"status": "leaving", "instance": self.settings.instance_id}
         return web.json_response(body, status=202)
 
-    def leave_groups(self) -> None:
-        """On stop, leave every group at once instead of being expected back."""
-        engines = [
+    def task_runners(self) -> list[TaskRunner]:
+        """Every task runner of this instance: the aggregate's, projections', reactions', sagas'."""
+        runners = [
             self.engine,
             *(self.projection_host.stores().values() if self.projection_host else ()),
             *(self.reaction_host.engines.values() if self.reaction_host else ()),
             *(self.saga_host.runners() if self.saga_host else ()),
         ]
-        for engine in engines:
-            if engine is not None:
-                engine.leave_on_stop = True
+        return [r for r in runners if r is not None]
+
+    def leave_groups(self) -> None:
+        """On stop, leave every group at once instead of being expected back."""
+        for runner in self.task_runners():
+            runner.leave_on_stop = True
 
     def group_ids(self) -> list[str]:
         """The consumer groups this instance is a member of: the aggregate's and projections'."""
@@ -288,6 +291,7 @@ class Runtime:
             projections=lambda: self.projection_host.stores() if self.projection_host else {},
             reactions=lambda: dict(self.reaction_host.engines) if self.reaction_host else {},
             sagas=lambda: self.saga_host.describe() if self.saga_host else {},
+            runners=self.task_runners,
             plugins=lambda: [p.describe() for p in self.service.plugins],
             settings=s,
             shutdown=lambda: self.shutdown(0, "shutdown requested over HTTP"),

@@ -140,3 +140,42 @@ def test_a_stuck_task_fails_the_liveness_probe_and_says_which(registry: TaskRegi
     assert healthy == 200
     assert status == 503 and body["code"] == "unavailable"
     assert "partition 0 made no processing progress for 30s" in body["stuck"]["0"]
+
+
+def test_a_stuck_projection_or_reaction_fails_the_liveness_probe_too(
+    registry: TaskRegistry, tmp_path: Path
+) -> None:
+    """Every runner of the instance counts, not only the aggregate's: a read model that stopped
+    moving is as much a reason to restart as a stuck command partition."""
+    other = TaskRegistry(
+        registry.settings,
+        tmp_path / "projection-store",
+        new_cache=lambda: None,
+        changelog_lag=lambda partition, checkpoint: 0,
+        watchdog_s=5,
+    )
+    other.assign({2}, MemberAssignment())
+    engine = SimpleNamespace(registry=registry, stopping=False, settings=registry.settings)
+    projection = SimpleNamespace(name="balances", registry=other)
+
+    async def scenario() -> tuple[int, dict, int]:
+        app = build_app(
+            lambda: engine,
+            "i1",
+            "accounts",
+            settings=registry.settings,
+            runners=lambda: [engine, projection],
+        )
+        async with TestClient(TestServer(app)) as client:
+            healthy = (await client.get("/health/live")).status
+            other.watchdog.observe(2, 0.0, phase="processing", position=9, waiting=3)
+            other.watchdog.observe(2, 30.0, phase="processing", position=9, waiting=3)
+            answer = await client.get("/health/live")
+            return healthy, await answer.json(), answer.status
+
+    try:
+        healthy, body, status = asyncio.run(scenario())
+    finally:
+        other.close_all()
+    assert healthy == 200
+    assert status == 503 and list(body["stuck"]) == ["balances:2"]

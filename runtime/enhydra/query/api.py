@@ -105,6 +105,8 @@ class ApiContext:
     projections: Callable[[], Mapping[str, ProjectionEngine]] = dict
     reactions: Callable[[], Mapping[str, Any]] = dict  # name -> ReactionEngine (describe())
     sagas: Callable[[], Mapping[str, Any]] = dict  # name -> the saga's description
+    # Every task runner of the instance (None: the aggregate's engine alone), for liveness.
+    runners: Callable[[], list[Any]] | None = None
     plugins: Callable[[], list[Any]] = list
     shutdown: Callable[[], None] | None = None
     admin_routes: Iterable[AdminRoute] = ()

@@ -53,6 +53,7 @@ def build_app(
     projections: Callable[[], Mapping[str, Any]] | None = None,
     reactions: Callable[[], Mapping[str, Any]] | None = None,
     sagas: Callable[[], Mapping[str, Any]] | None = None,
+    runners: Callable[[], list[Any]] | None = None,
     plugins: Callable[[], list[Any]] | None = None,
     asyncapi: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
@@ -63,7 +64,8 @@ def build_app(
     the admin token. `projections` returns the read models hosted here (name -> engine); they
     answer key queries from this instance's partitions only, since their consumer groups are
     balanced apart from the aggregate's. `reactions` returns the reactions' engines, whose
-    stats /v1/stats reports, and `sagas` the sagas' descriptions. `asyncapi` builds the
+    stats /v1/stats reports, and `sagas` the sagas' descriptions. `runners` lists every task
+    runner of the instance (a stuck one fails /health/live). `asyncapi` builds the
     service's AsyncAPI document (GET /v1/asyncapi.json, built once on first request).
     """
     config = ApiConfig.of(settings)
@@ -82,6 +84,7 @@ def build_app(
         projections=projections or dict,
         reactions=reactions or dict,
         sagas=sagas or dict,
+        runners=runners,
         plugins=plugins or list,
         shutdown=shutdown,
         admin_routes=tuple(admin_routes),

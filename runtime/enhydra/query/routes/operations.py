@@ -28,13 +28,22 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
     """`table` gives every route of the app, for the OpenAPI document."""
     status_page = _status_page()
 
-    async def live(request: web.Request, args: dict[str, Any]) -> web.Response:
+    def stuck_tasks() -> dict[str, str]:
+        """Every runner's stuck tasks: the aggregate's by partition, the others' as name:p."""
         engine = ctx.get_engine()
-        stuck = engine.registry.stuck if engine is not None else {}
-        if stuck:  # the orchestrator restarts the process: a stuck task is a liveness failure
-            raise unavailable(
-                "a task is stuck", stuck={str(p): s.reason() for p, s in sorted(stuck.items())}
-            )
+        runners = ctx.runners() if ctx.runners is not None else [engine]
+        found: dict[str, str] = {}
+        for runner in runners:
+            if runner is None:
+                continue
+            prefix = "" if runner is engine else f"{runner.name}:"
+            for partition, stall in sorted(runner.registry.stuck.items()):
+                found[f"{prefix}{partition}"] = stall.reason()
+        return found
+
+    async def live(request: web.Request, args: dict[str, Any]) -> web.Response:
+        if stuck := stuck_tasks():  # the orchestrator restarts the process: a liveness failure
+            raise unavailable("a task is stuck", stuck=stuck)
         return json_response({"status": "live"})
 
     async def ready(request: web.Request, args: dict[str, Any]) -> web.Response:
