@@ -135,10 +135,11 @@ async def test_the_status_counts_pending_deadlines_without_reading_them(settings
     clock = Clock()
     runner, _ = saga_runner(settings, clock)
     tp = TopicPartition(INPUT, 0)
-    await runner._process({tp: placed_records(range(20))})
-    runner.registry.joined = True
     task = runner.registry.tasks[0]
     reads = task.store = Seeks(task.store)  # type: ignore[assignment]
+    await runner._process({tp: placed_records(range(20))})
+    runner.registry.joined = True
+    reads.read = 0
     assert SagaEngine.deadlines(runner) == (20, 1900.0)  # type: ignore[arg-type]
     assert reads.read <= 1  # one seek for the earliest, no scan
     runner.registry.close_all()

@@ -140,7 +140,8 @@ class SagaStep:
         self.clock = clock
         self.max_record_bytes = MAX_REQUEST_SIZE  # set by the runner once it knows the topics
         self.partitions: dict[str, int] = {commands_topic: settings.partitions}
-        self.indexes: dict[int, TimerIndex] = {}  # partition -> the index of its last task
+        # partition -> its task's store and TimerIndex (for the status, which reads stores)
+        self.indexes: dict[int, tuple[PartitionStore, TimerIndex]] = {}
 
     def new_cache(self) -> TimerIndex:
         """A task's cache is its TimerIndex (cleared by the runner when the store changes)."""
@@ -149,7 +150,7 @@ class SagaStep:
     def index(self, task: Task) -> TimerIndex:
         if not isinstance(task.cache, TimerIndex):  # a task made by something else
             task.cache = TimerIndex()
-        self.indexes[task.partition] = task.cache
+        self.indexes[task.partition] = (task.store, task.cache)
         return task.cache
 
     def partitions_of(self, topic: str) -> int:
@@ -257,10 +258,10 @@ class SagaEngine(TaskRunner):
         pending, earliest = 0, None
         for partition in self.registry.active_partitions():
             access = self.registry.access(partition)
-            index = step.indexes.get(partition)
-            if access.verdict is not Verdict.SERVE or access.store is None or index is None:
-                continue
-            due = index.earliest(access.store)
+            store, index = step.indexes.get(partition, (None, None))
+            if access.verdict is not Verdict.SERVE or index is None or access.store is not store:
+                continue  # not serving, or a new task whose loop has not looked at it yet
+            due = index.earliest(store)
             pending += index.pending
             if due is not None:
                 earliest = due / 1000 if earliest is None else min(earliest, due / 1000)
@@ -275,6 +276,7 @@ class SagaEngine(TaskRunner):
             "partitions": {str(p): t.status.value for p, t in sorted(self.registry.tasks.items())},
             "deadlines_pending": pending,
             "next_deadline": earliest,
+            "inbox_lag": sum(self.input_lag().values()),
             "failures": dict(self.failures),
             **self.stats,
         }

@@ -86,7 +86,12 @@ class SagaHost:
         for name, engine in self.engines.items():
             info = engine.describe()
             info["forwarders"] = {
-                f.reaction.source: {"processed": f.stats["processed"], "failures": f.failures}
+                f.reaction.source: {
+                    "processed": f.stats["processed"],
+                    "commands": f.stats["commands"],
+                    "lag": sum(f.input_lag().values()),
+                    "failures": f.failures,
+                }
                 for f in self.forwarders.get(name, ())
             }
             described[name] = info
