@@ -5,7 +5,8 @@
 A saga reads the events of several services (its own included), finds the correlation id each
 event belongs to (`correlate`), and keeps one state per id. `handle` returns the new state
 (None ends the saga), commands to send now, and deadlines to schedule or cancel. A deadline
-holds a command; when its time comes the command is sent, once.
+holds a command; when its time comes the command is sent (at least once, always with the
+same id, so the receiving aggregate applies it once).
 
 Co-partitioning: upstream topics are keyed however their services key them (an order id, a
 payment id), so a saga does not read them directly. A forwarder per source (a reaction, on
@@ -28,12 +29,15 @@ Effectively once, everywhere:
 
 Deadlines live in the saga's store (changelog-backed, fenced like an aggregate's): in the
 saga's entry, and in an index by due time (`t:<due ms><key>\\0<id>`) written in the same batch.
-So they survive restarts, kill -9 and moving to another instance, and the task finds due ones
-with one seek per loop turn. A cancelled deadline (Cancel, scheduled again under its id, or
-the saga ended) is gone from both, so it never fires. A turn fires the deadlines due before
-it handles its inbox records: a deadline whose command went out just before a crash is the
-first thing the next turn does again (same id), before any later event could cancel it.
-(Moving to an instance whose clock is behind can delay that; keep clocks in sync.)
+So they survive restarts, kill -9 and moving to another instance, and the task knows when
+one is due from memory, seeking only then (engine.py TimerIndex). A cancelled deadline
+(Cancel, scheduled again under its id, or the saga ended) is gone from both, so it never
+fires. A turn fires the deadlines due before
+it handles its inbox records, at most `max_fired` per turn: a deadline whose command went out
+just before a crash is the first thing the next turn does again (same id), before any later
+event could cancel it. (Moving to an instance whose clock is behind can delay that; keep
+clocks in sync.) The price: after a backlog, a deadline fires before events that happened
+earlier but are still unread (docs/sagas.md, "After a backlog, deadlines win").
 
 Everything here is pure: the Kafka step (engine.py), the Driver and unit tests run it.
 """
@@ -228,7 +232,7 @@ def _text_headers(headers: Mapping[str, bytes]) -> dict[str, str]:
 
 # entries -----------------------------------------------------------------------------------
 def new_entry() -> dict[str, Any]:
-    """A saga entry: the user's state and what the runtime needs to keep it exactly once."""
+    """A saga entry: the user's state and what the runtime needs to apply each event once."""
     return {"state": None, "offset": -1, "seen": [], "seq": 0, "deadlines": {}, "ended": False}
 
 
