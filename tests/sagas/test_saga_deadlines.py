@@ -174,3 +174,22 @@ def test_the_index_follows_schedules_fires_and_cancels_and_a_rebuild_agrees(stor
     assert index.pending == 0 and not index.due(store, 10**12)
     index.clear()  # the runner clears it when the store may have changed (a restore)
     assert not index.due(store, 10**12) and index.pending == 0
+
+
+def test_a_status_read_while_a_batch_is_in_flight_loses_none_of_its_timers(store):
+    # The status page may ask while a batch's timers are counted but not yet in the store.
+    saga, index = checkout_saga("shop"), TimerIndex()
+    assert not index.due(store, 0)
+    result = saga_batch(
+        saga,
+        placed(range(1)),
+        load=store.get,
+        due=lambda ms: index.timers(store, ms),
+        now=0,
+        commands_topic="shop-commands",
+        partitions_of=lambda topic: 4,
+    )
+    index.changed(result)
+    assert index.peek(store) is None and index.pending == 1  # not written yet
+    store.write(result.puts.items())  # the flight lands
+    assert index.due(store, 900_000)

@@ -75,26 +75,26 @@ class TimerIndex:
             self.pending += 1
         self.built = True
 
-    def earliest(self, store: PartitionStore) -> int | None:
-        """The earliest pending due time (ms): one seek from `floor`, which it moves there."""
-        if not self.built:
-            self.build(store)
-        if self.next_due is None:
+    def peek(self, store: PartitionStore) -> bytes | None:
+        """The first pending timer in the store from `floor` (one seek), or None."""
+        if not self.built or self.next_due is None:
             return None
         first = next(iter(store.items(self.floor)), None)
-        if first is None or not first[0].startswith(TIMERS):
-            self.next_due = None
-            return None
-        self.floor, self.next_due = first[0], timer_due(first[0])
-        return self.next_due
+        return first[0] if first is not None and first[0].startswith(TIMERS) else None
 
     def due(self, store: PartitionStore, now_ms: int) -> bool:
+        """Whether a timer is due by `now_ms`. Only between turns, when the store holds every
+        batch this index has seen: it moves `floor` to what the store holds."""
         if not self.built:
             self.build(store)
         if self.next_due is None or self.next_due > now_ms:
             return False  # the common case: no seek at all
-        earliest = self.earliest(store)
-        return earliest is not None and earliest <= now_ms
+        first = self.peek(store)
+        if first is None:
+            self.next_due = None
+            return False
+        self.floor, self.next_due = first, timer_due(first)
+        return self.next_due <= now_ms
 
     def timers(self, store: PartitionStore, now_ms: int) -> Iterable[tuple[bytes, bytes]]:
         """The timers due by `now_ms`, in key order, read from `floor`."""
@@ -261,10 +261,12 @@ class SagaEngine(TaskRunner):
             store, index = step.indexes.get(partition, (None, None))
             if access.verdict is not Verdict.SERVE or index is None or access.store is not store:
                 continue  # not serving, or a new task whose loop has not looked at it yet
-            due = index.earliest(store)
+            # Read only: a batch in flight may have timers the store does not hold yet.
+            first = index.peek(store)
             pending += index.pending
-            if due is not None:
-                earliest = due / 1000 if earliest is None else min(earliest, due / 1000)
+            if first is not None:
+                due = timer_due(first) / 1000
+                earliest = due if earliest is None else min(earliest, due)
         return pending, earliest
 
     def describe(self) -> dict[str, object]:
