@@ -48,12 +48,13 @@ class TimerIndex:
     """What a task's timer index holds, kept in memory: how many timers are pending, and a
     key no pending timer sorts before (`floor`), with a lower bound of the earliest due time.
 
-    Seeking from the start of the index passes every tombstone fired and cancelled timers
-    left (measured: 3.8 µs on an empty index, 72 ms after 200k fired), once per task per loop
-    turn. Here a turn seeks only when `next_due` has passed, from `floor`, and each seek moves
-    `floor` to the first pending timer, so a tombstone is passed about once. The step updates
-    it from each batch's timer changes; the runner clears it (the task's cache) whenever the
-    store may have changed under it (a restore, a dropped batch), and it is rebuilt by one scan.
+    A seek from the start of the index, once per task per loop turn, passes every tombstone
+    that fired and cancelled timers left (measured: 4.7 µs on an empty index, 102 ms after
+    200,000 fired). Here the check costs 0.1 µs until `next_due` has passed; then one seek
+    from `floor` moves `floor` to the first pending timer, so a tombstone is passed about
+    once. The step updates it from each batch's timer changes; the runner clears it (the
+    task's cache) whenever the store may have changed under it (a restore, a dropped batch),
+    and it is rebuilt by one scan.
     """
 
     def __init__(self) -> None:
