@@ -50,3 +50,17 @@ def test_moving_a_sagas_group_is_incompatible_changing_its_logic_is_not(monkeypa
         "saga logic changed (applies from now)",
         True,
     ) in changes
+
+
+def test_removing_a_saga_or_a_target_its_deadlines_send_to_is_flagged(monkeypatch):
+    monkeypatch.delenv("ENHYDRA_APP_ID", raising=False)
+    old = topology_of(shop())
+    old["sagas"][0]["sends"] = ["pay-commands", "shop-commands"]
+    fewer = copy.deepcopy(old)
+    fewer["sagas"][0]["sends"] = ["shop-commands"]
+    [change] = [c for c in compare(old, fewer) if c.subject == "saga checkout"]
+    assert not change.compatible and "no longer sends to pay-commands" in change.detail
+    gone = copy.deepcopy(old)
+    gone["sagas"] = []
+    [change] = [c for c in compare(old, gone) if c.subject == "saga checkout"]
+    assert not change.compatible and "pending deadlines never fire" in change.detail

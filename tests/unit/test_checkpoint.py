@@ -533,3 +533,33 @@ async def test_exactly_once_flights_run_one_transaction_at_a_time_in_order(
     await asyncio.gather(*(f.done for f in flights))
     assert [w[2] for w in stores[0].writes] == [1, 3, 5]
     assert [r[0] for r in transactional[0].logs[(CHANGELOG, 0)]] == [b"k0", b"k2", b"k4"]
+
+
+# a turn without input records (a saga's deadlines) ---------------------------------------------
+def timers_only(partition: int) -> PartitionWrite:
+    """What a turn that only fired timers writes: outputs and entries, no input offset."""
+    return PartitionWrite(partition, {EVENTS: [(b"k", b"fired", None)]}, [(b"t", None)], -1)
+
+
+async def test_at_least_once_commits_and_records_no_input_offset_for_a_turn_without_records(
+    tmp_path, producer
+) -> None:
+    # The store's input offset may be older than the group's (another owner went further):
+    # committing it would move the group backwards.
+    commits: list = []
+    unit = at_least_once(tmp_path, commits)
+    stores = stores_for(0)
+    [written] = await unit.begin([timers_only(0)], stores, None).done
+    await unit.commit(force=True)
+    assert commits == [] and stores[0].writes == [([(b"t", None)], 0, None)]
+    assert written.input_offset == -1
+
+
+async def test_exactly_once_sends_no_input_offset_for_a_turn_without_records(
+    tmp_path, transactional
+) -> None:
+    unit = await exactly_once(tmp_path, 0)
+    stores = stores_for(0)
+    await unit.begin([timers_only(0)], stores, None).done
+    assert transactional[0].commits == 1 and transactional[0].offsets is None
+    assert stores[0].writes == [([(b"t", None)], 0, None)]

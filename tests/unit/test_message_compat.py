@@ -499,3 +499,7 @@ def test_a_literal_written_upstream_read_as_a_plain_string_is_compatible() -> No
     assert all(ok for ok, _ in differences), differences
     back = schema_differences(json_schema(Read), json_schema(Written))
     assert not all(ok for ok, _ in back), "a string read as a Literal narrows it"
+
+
+def test_a_list_constant_is_an_array_when_types_are_compared() -> None:
+    assert schema_differences({"const": [1, 2]}, {"type": "array"}) == []

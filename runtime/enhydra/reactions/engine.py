@@ -27,7 +27,44 @@ from enhydra.settings import Settings
 
 
 class UnknownTarget(ValueError):
-    """A reaction wrote to a commands topic it did not declare in `sends_to`."""
+    """A reaction (or a saga) wrote to a commands topic it did not declare in `sends_to`."""
+
+
+async def learn_partitions(
+    settings: Settings, what: str, others: list[str], *, client_id: str
+) -> dict[str, int]:
+    """The partition counts of other services' commands topics `what` sends to (at start):
+    a missing one stops the start with a hint, not the first command sent to it."""
+    if not others:
+        return {}
+    async with open_admin(settings.connection, client_id=client_id) as admin:
+        counts = await partition_counts(admin, others)
+    missing = sorted(set(others) - set(counts))
+    if missing:
+        raise UnknownTarget(
+            f"{what} sends to {', '.join(missing)}, which does not exist: start that service "
+            "first, or create its commands topic"
+        )
+    return counts
+
+
+def command_writer_topics(
+    settings: Settings,
+    policies: ErrorPolicies,
+    input_spec: TopicSpec,
+    commands_topic: str,
+    changelog_topic: str,
+) -> list[TopicSpec]:
+    """The topics of a runner that turns its input into commands (a reaction, a saga)."""
+    s = settings
+    specs = [
+        input_spec,
+        TopicSpec(commands_topic, s.partitions),
+        TopicSpec(changelog_topic, s.partitions, compacted=True),
+    ]
+    if policies.uses_dlq():
+        specs.append(TopicSpec(s.dlq_topic, s.partitions, history=True))
+    return specs
 
 
 class ReactionStep:
@@ -140,27 +177,19 @@ class ReactionEngine(TaskRunner):
 
     def topic_specs(self) -> list[TopicSpec]:
         s = self.settings
-        specs = [
-            TopicSpec(self.reaction.upstream_topic, s.partitions, history=True),
-            TopicSpec(self.commands_topic, s.partitions),
-            TopicSpec(self.changelog_topic, s.partitions, compacted=True),
-        ]
-        if self.policies.uses_dlq():
-            specs.append(TopicSpec(s.dlq_topic, s.partitions, history=True))
-        return specs
+        upstream = TopicSpec(self.reaction.upstream_topic, s.partitions, history=True)
+        return command_writer_topics(
+            s, self.policies, upstream, self.commands_topic, self.changelog_topic
+        )
 
     async def start(self) -> None:
-        others = list(self.reaction.sends_to)
-        if others:
-            async with open_admin(self.settings.connection, client_id=self.client_id) as admin:
-                counts = await partition_counts(admin, others)
-            missing = sorted(set(others) - set(counts))
-            if missing:
-                raise UnknownTarget(
-                    f"reaction {self.reaction.name!r} sends to {', '.join(missing)}, which "
-                    "does not exist: start that service first, or create its commands topic"
-                )
-            self.step.partitions.update(counts)  # type: ignore[attr-defined]
+        counts = await learn_partitions(
+            self.settings,
+            f"reaction {self.reaction.name!r}",
+            list(self.reaction.sends_to),
+            client_id=self.client_id,
+        )
+        self.step.partitions.update(counts)  # type: ignore[attr-defined]
         await super().start()
 
     def describe(self) -> dict[str, object]:

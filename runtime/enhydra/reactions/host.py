@@ -14,6 +14,22 @@ from enhydra.settings import Settings
 Shutdown = Callable[..., None]  # (exit_code, message, **context): stop this instance
 
 
+def stop_instance(shutdown: Shutdown, **what: str) -> Callable[[BaseException], Any]:
+    """An engine's on_failure that stops this instance, naming what failed (reaction=...,
+    saga=...): a failed engine must not leave the service looking healthy."""
+    kind = next(iter(what), "engine")
+
+    def on_failure(error: BaseException) -> None:
+        shutdown(
+            EXIT_SHUTDOWN_CLIENT,
+            f"{kind} failed; shutting down this instance",
+            **what,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+    return on_failure
+
+
 class ReactionHost:
     """Starts one engine per reaction; a failing reaction stops the instance.
 
@@ -49,20 +65,9 @@ class ReactionHost:
                 policies=self.policies,
                 transient=self.transient,
             )
-            engine.on_failure = self._failed(reaction.name)
+            engine.on_failure = stop_instance(self.shutdown, reaction=reaction.name)
             self.engines[reaction.name] = engine
             await engine.start()
-
-    def _failed(self, name: str) -> Callable[[BaseException], Any]:
-        def on_failure(error: BaseException) -> None:
-            self.shutdown(
-                EXIT_SHUTDOWN_CLIENT,
-                "reaction failed; shutting down this instance",
-                reaction=name,
-                error=f"{type(error).__name__}: {error}",
-            )
-
-        return on_failure
 
     async def stop(self) -> None:
         for engine in self.engines.values():

@@ -189,13 +189,18 @@ def persist(
     stores: Mapping[int, PartitionStore],
     epochs: Mapping[int, int] | None = None,
 ):
-    """Step 2: the entries and both offsets (and the owner's epoch), one WriteBatch each."""
+    """Step 2: the entries and both offsets (and the owner's epoch), one WriteBatch each.
+
+    A write without an input offset (last_offset < 0: a turn that only fired timers) leaves
+    the store's input offset as it is: that offset may be older than the group's committed
+    one (another owner went further), and must not be committed or recorded as progress.
+    """
     result = []
     for write, changelog_offset in written:
         stores[write.partition].write(
             write.puts,
             changelog_offset=changelog_offset,
-            input_offset=write.last_offset,
+            input_offset=write.last_offset if write.last_offset >= 0 else None,
             owner_epoch=epochs.get(write.partition) if epochs else None,
         )
         result.append(Written(write.partition, changelog_offset, write.last_offset))

@@ -50,7 +50,7 @@ class Cuts:
     def hold(self, consumer: Consumer, tp: TopicPartition, records: list[Any]) -> list[Any]:
         """The records of a fetched batch before the partition's cut; the rest is read again."""
         stop = self._stops.get(tp.partition)
-        if stop is None or records[-1].offset < stop[0]:
+        if stop is None or not records or records[-1].offset < stop[0]:
             return records
         consumer.seek(tp, stop[0])
         consumer.pause(tp)

@@ -7,18 +7,15 @@ reactions' commit unit, error policies and ids derived from the upstream positio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from enhydra.errors.policies import ErrorPolicies
-from enhydra.errors.uncaught import EXIT_SHUTDOWN_CLIENT
 from enhydra.reactions.engine import ReactionEngine
+from enhydra.reactions.host import Shutdown, stop_instance
 from enhydra.runner.runner import TaskRunner
 from enhydra.sagas.engine import SagaEngine
 from enhydra.sagas.model import Saga
 from enhydra.settings import Settings
-
-Shutdown = Callable[..., None]  # (exit_code, message, **context): stop this instance
 
 
 def saga_engines(
@@ -76,19 +73,8 @@ class SagaHost:
             self.engines[saga.name] = engine
             self.forwarders[saga.name] = forwarders
             for runner in (engine, *forwarders):
-                runner.on_failure = self._failed(saga.name)
+                runner.on_failure = stop_instance(self.shutdown, saga=saga.name)
                 await runner.start()
-
-    def _failed(self, name: str) -> Callable[[BaseException], Any]:
-        def on_failure(error: BaseException) -> None:
-            self.shutdown(
-                EXIT_SHUTDOWN_CLIENT,
-                "saga failed; shutting down this instance",
-                saga=name,
-                error=f"{type(error).__name__}: {error}",
-            )
-
-        return on_failure
 
     async def stop(self) -> None:
         for runner in reversed(self.runners()):
@@ -100,7 +86,12 @@ class SagaHost:
         for name, engine in self.engines.items():
             info = engine.describe()
             info["forwarders"] = {
-                f.reaction.source: {"processed": f.stats["processed"], "failures": f.failures}
+                f.reaction.source: {
+                    "processed": f.stats["processed"],
+                    "commands": f.stats["commands"],
+                    "lag": sum(f.input_lag().values()),
+                    "failures": f.failures,
+                }
                 for f in self.forwarders.get(name, ())
             }
             described[name] = info

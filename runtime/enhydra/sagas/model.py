@@ -5,7 +5,8 @@
 A saga reads the events of several services (its own included), finds the correlation id each
 event belongs to (`correlate`), and keeps one state per id. `handle` returns the new state
 (None ends the saga), commands to send now, and deadlines to schedule or cancel. A deadline
-holds a command; when its time comes the command is sent, once.
+holds a command; when its time comes the command is sent (at least once, always with the
+same id, so the receiving aggregate applies it once).
 
 Co-partitioning: upstream topics are keyed however their services key them (an order id, a
 payment id), so a saga does not read them directly. A forwarder per source (a reaction, on
@@ -28,18 +29,25 @@ Effectively once, everywhere:
 
 Deadlines live in the saga's store (changelog-backed, fenced like an aggregate's): in the
 saga's entry, and in an index by due time (`t:<due ms><key>\\0<id>`) written in the same batch.
-So they survive restarts, kill -9 and moving to another instance, and the task finds due ones
-with one seek per loop turn. A cancelled deadline (Cancel, scheduled again under its id, or
-the saga ended) is gone from both, so it never fires. A turn fires the deadlines due before
-it handles its inbox records: a deadline whose command went out just before a crash is the
-first thing the next turn does again (same id), before any later event could cancel it.
-(Moving to an instance whose clock is behind can delay that; keep clocks in sync.)
+So they survive restarts, kill -9 and moving to another instance, and the task knows when
+one is due from memory, seeking only then (engine.py TimerIndex). A cancelled deadline
+(Cancel, scheduled again under its id, or the saga ended) is gone from both, so it never
+fires. A turn fires the deadlines due before
+it handles its inbox records, at most `max_fired` per turn: a deadline whose command went out
+just before a crash is the first thing the next turn does again (same id), before any later
+event could cancel it. (Moving to an instance whose clock is behind can delay that; keep
+clocks in sync.) The price: after a backlog, a deadline fires before events that happened
+earlier but are still unread (docs/sagas.md, "After a backlog, deadlines win").
 
 Everything here is pure: the Kafka step (engine.py), the Driver and unit tests run it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +60,8 @@ from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import TYPE_FIELD
 from enhydra.messages import tag_of
-from enhydra.reactions.model import Emit, Reaction, Upstream, encode_command
+from enhydra.processing.core import InputRecord
+from enhydra.reactions.model import Emit, Reaction, Upstream, command_id, encode_command
 
 __all__ = [
     "Cancel",
@@ -66,6 +75,12 @@ __all__ = [
 STATE = b"s:"  # s:<correlation id> -> the saga's entry (JSON)
 TIMERS = b"t:"  # t:<due ms, 8 bytes big-endian><correlation id>\0<deadline id> -> [key, id, seq]
 MESSAGE = "saga-message"  # the inbox record's type
+# The field holding an inbox message's id (written by the forwarders, read by the saga): fixed,
+# so a saga's own `command_id_field` (the commands it sends) cannot make its inbox unreadable.
+MESSAGE_ID = "command_id"
+# The longest a deadline may wait: its due time must fit the timer key (and a year-3000 due
+# time is a bug, not a plan).
+MAX_AFTER_S = 10 * 366 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,15 +167,25 @@ class Saga:
         (the engine gives them the inbox as their commands topic)."""
         return [
             Reaction(
-                f"{self.name}-from-{source}",
+                forwarder_name(self.name, source),
                 source,
                 _forward(self, source),
                 reads=types,
                 events_topic=self.events_topics.get(source),
+                command_id_field=MESSAGE_ID,
                 description=f"saga {self.name!r}: {source}'s events by correlation id",
             )
             for source, types in self.sources.items()  # type: ignore[union-attr]
         ]
+
+
+def forwarder_name(saga: str, source: str) -> str:
+    """`<saga>-from-<source>`, usable as a reaction name whatever the source's app id holds:
+    other characters become '_' and a digest of the source keeps two such names apart."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", source)
+    if safe != source:
+        safe += "-" + hashlib.sha1(source.encode()).hexdigest()[:8]
+    return f"{saga}-from-{safe}"
 
 
 class NotACorrelationId(TypeError):
@@ -186,15 +211,28 @@ def _forward(saga: Saga, source: str) -> Callable[[Upstream], list[Emit]]:
             "event": event,
             "position": list(upstream.position),
             "offset": upstream.offset,
+            "headers": _text_headers(upstream.headers),
         }
         return [Emit(key, message)]  # the forwarder's commands topic is the inbox
 
     return forward
 
 
+def _text_headers(headers: Mapping[str, bytes]) -> dict[str, str]:
+    """The upstream's headers that are text (Enhydra's are: event version, ids), for the
+    inbox's JSON; a binary header value is not carried."""
+    carried = {}
+    for name, value in headers.items():
+        try:
+            carried[name] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return carried
+
+
 # entries -----------------------------------------------------------------------------------
 def new_entry() -> dict[str, Any]:
-    """A saga entry: the user's state and what the runtime needs to keep it exactly once."""
+    """A saga entry: the user's state and what the runtime needs to apply each event once."""
     return {"state": None, "offset": -1, "seen": [], "seq": 0, "deadlines": {}, "ended": False}
 
 
@@ -218,10 +256,6 @@ def deadline_command_id(saga: str, key: str, deadline_id: str, seq: int) -> str:
     return f"{saga}:{key}:deadline:{deadline_id}:{seq}"
 
 
-def message_command_id(saga: str, position: Sequence[Any], n: int) -> str:
-    return f"{saga}:{':'.join(str(part) for part in position)}:{n}"
-
-
 # the batch ---------------------------------------------------------------------------------
 @dataclass(slots=True)
 class SagaResult:
@@ -234,6 +268,22 @@ class SagaResult:
     last_offset: int = -1
     interrupted: tuple[int, BaseException] | None = None
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the entries it changed
+    # The timer index: how many pending timers the batch added (negative: removed), the
+    # lowest timer key it wrote, the last one it fired (or removed) in key order, and a time
+    # (ms) by which no timer pending before the batch is still due (all of them fired).
+    timers: int = 0
+    earliest_timer: bytes | None = None
+    fired_through: bytes | None = None
+    none_due_by: int | None = None
+
+    def timer(self, key: bytes, value: bytes | None) -> None:
+        self.puts[key] = value
+        if value is None:
+            self.timers -= 1
+        else:
+            self.timers += 1
+            if self.earliest_timer is None or key < self.earliest_timer:
+                self.earliest_timer = key
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -255,8 +305,8 @@ def _message(saga: Saga, record: Any) -> tuple[str, dict[str, Any]]:
         raise BadMessage(f"inbox value is not valid JSON: {exc}") from None
     if not isinstance(message, dict) or message.get(TYPE_FIELD) != MESSAGE:
         raise BadMessage("inbox record is not a forwarded event (type saga-message)")
-    if not isinstance(message.get(saga.command_id_field), str):
-        raise BadMessage(f"inbox record has no {saga.command_id_field!r}")
+    if not isinstance(message.get(MESSAGE_ID), str):
+        raise BadMessage(f"inbox record has no {MESSAGE_ID!r}")
     return record.key.decode("utf-8", "replace"), message
 
 
@@ -273,6 +323,7 @@ def _upstream(saga: Saga, message: dict[str, Any]) -> Upstream:
         except msgspec.ValidationError as exc:
             raise BadMessage(f"{source} event {tag_of(cls)!r}: {exc}") from None
     topic, upstream_partition, offset, index = message["position"]
+    headers = message.get("headers")
     return Upstream(
         message.get("key"),
         event,
@@ -280,7 +331,9 @@ def _upstream(saga: Saga, message: dict[str, Any]) -> Upstream:
         upstream_partition,
         message.get("offset", offset),
         index,
-        {},
+        {k: v.encode() for k, v in headers.items() if isinstance(v, str)}
+        if isinstance(headers, dict)
+        else {},
         (offset, index),
     )
 
@@ -307,10 +360,10 @@ class _Writer:
         self.partitions_of(topic)  # an undeclared topic fails now, not when a deadline fires
         return topic
 
-    def record(self, emit: Emit, command_id: str) -> tuple[tuple[str, int], tuple]:
+    def record(self, emit: Emit, id_: str) -> tuple[tuple[str, int], tuple]:
         topic = self.target(emit)
         raw_key = emit.key.encode("utf-8")
-        value = encode_command(emit, self.saga.command_id_field, command_id)
+        value = encode_command(emit, self.saga.command_id_field, id_)
         size = record_size(raw_key, value)
         if size > self.max_record_bytes:
             raise ValueError(
@@ -332,19 +385,21 @@ def saga_batch(
     now: float,
     commands_topic: str,
     partitions_of: Callable[[str], int],
-    last_offset: int = -1,
     transient: tuple[type[BaseException], ...] = (),
     give_up: Mapping[int, int] | None = None,
     max_record_bytes: int = 1_000_000,
+    max_fired: int | None = None,
 ) -> SagaResult:
     """Fire the deadlines due, then handle one inbox partition's records in offset order.
 
     `load(store key)` reads an entry from the store, `due(now_ms)` the store's timers due by
-    then (due_index); `now` is the task's clock in seconds. `last_offset` is the store's input
-    offset, returned when no record is handled (a turn that only fires deadlines).
+    then in key order (due_index); `now` is the task's clock in seconds. At most `max_fired`
+    deadlines fire (the rest stay due for the next turn): one turn stays short however many
+    came due at once. `last_offset` stays -1 when no record is handled: a turn that only
+    fires deadlines moves no input offset.
     """
     give_up = give_up or {}
-    result = SagaResult(last_offset=last_offset)
+    result = SagaResult()
     entries = result.entries
     writer = _Writer(saga, commands_topic, partitions_of, max_record_bytes)
     now_ms = int(now * 1000)
@@ -355,7 +410,10 @@ def saga_batch(
         raw = load(STATE + key.encode())
         return orjson.loads(raw) if raw is not None else None
 
-    _fire(saga, result, writer, entry_of, due, now_ms)
+    timers = list(itertools.islice(due(now_ms), max_fired))
+    _fire(saga, result, writer, entry_of, timers)
+    if max_fired is None or len(timers) < max_fired:
+        result.none_due_by = now_ms
     for record in records:
         offset = record.offset
         result.last_offset = offset
@@ -365,7 +423,7 @@ def saga_batch(
             result.failures.append(Failure(record, Stage.DESERIALIZE, exc, None))
             continue
         entry = entry_of(key)
-        message_id = message[saga.command_id_field]
+        message_id = message[MESSAGE_ID]
         if entry is not None and (offset <= entry["offset"] or message_id in entry["seen"]):
             result.count("duplicates")  # read again, or forwarded again: already handled
             continue
@@ -391,7 +449,7 @@ def saga_batch(
                 continue
             try:
                 made = [
-                    writer.record(emit, message_command_id(saga.name, upstream.position, n))
+                    writer.record(emit, command_id(saga.name, upstream.position, n))
                     for n, emit in enumerate(emits)
                 ]
                 changes = _schedule(writer, key, entry, timers, now_ms, state is None)
@@ -404,7 +462,7 @@ def saga_batch(
             result.count("handled")
             result.count("commands", len(made))
             for timer, value in changes:
-                result.puts[timer] = value
+                result.timer(timer, value)
                 result.count("scheduled" if value is not None else "cancelled")
             entry["state"] = state
             entry["ended"] = state is None
@@ -442,12 +500,22 @@ def _schedule(
         elif isinstance(timer, Deadline):
             if not isinstance(timer.id, str) or not timer.id:
                 raise ValueError(f"a deadline id must be a non-empty str, got {timer.id!r}")
+            after = timer.after
+            if (
+                not isinstance(after, int | float)
+                or not math.isfinite(after)
+                or after > MAX_AFTER_S
+            ):
+                raise ValueError(
+                    f"deadline {timer.id!r}: after={after!r} seconds; give a finite number of "
+                    f"seconds up to {MAX_AFTER_S:.0f} (10 years)"
+                )
             topic = writer.target(timer.command)
             command = _plain(timer.command.command)
             writer.record(timer.command, deadline_command_id(writer.saga.name, key, timer.id, 0))
             drop(timer.id)
             entry["seq"] += 1
-            due_ms = now_ms + max(0, round(timer.after * 1000))
+            due_ms = now_ms + max(0, round(after * 1000))
             deadlines[timer.id] = [due_ms, entry["seq"], timer.command.key, command, topic]
             changes.append((timer_key(due_ms, key, timer.id), orjson.dumps([key, timer.id])))
         else:
@@ -458,37 +526,51 @@ def _schedule(
     return changes
 
 
+class DeadlineFailed(ValueError):
+    """A due deadline whose command cannot be sent (its target or its size is no longer
+    allowed): dead-lettered with its origin, so it does not fail every owner in turn."""
+
+
 def _fire(
     saga: Saga,
     result: SagaResult,
     writer: _Writer,
     entry_of: Callable[[str], dict[str, Any] | None],
-    due: Callable[[int], Iterable[tuple[bytes, bytes]]],
-    now_ms: int,
+    due: Iterable[tuple[bytes, bytes]],
 ) -> None:
-    """Send the commands of the store's deadlines due by `now_ms` and remove them.
+    """Send the commands of the timers `due` and remove them (with their entries' deadlines).
 
     A timer fires only if its saga entry holds that deadline at that time; one that does not
-    (it cannot happen, as both are written in one batch) is removed.
+    (it cannot happen, as both are written in one batch) is removed. A deadline whose command
+    cannot be written goes to the error policies (a PRODUCE failure of a record that names
+    the saga, the correlation id and the deadline) and is removed too.
     """
-    for timer, value in list(due(now_ms)):
+    for timer, value in due:
+        result.fired_through = timer
         key, deadline_id = orjson.loads(value)
         entry = entry_of(key)
         pending = entry["deadlines"].get(deadline_id) if entry is not None else None
         if pending is None or timer_key(pending[0], key, deadline_id) != timer:
-            result.puts[timer] = None
+            result.timer(timer, None)
             continue
         _, seq, command_key, command, topic = pending
         emit = Emit(command_key, command, topic=topic)
-        place, out = writer.record(emit, deadline_command_id(saga.name, key, deadline_id, seq))
-        result.outputs.setdefault(place, []).append(out)
+        try:
+            place, out = writer.record(emit, deadline_command_id(saga.name, key, deadline_id, seq))
+        except (TypeError, ValueError) as exc:
+            origin = {"saga": saga.name, "key": key, "deadline": deadline_id, "seq": seq}
+            letter = InputRecord(-1, key.encode(), orjson.dumps({**origin, "pending": pending}))
+            error = DeadlineFailed(f"saga {saga.name!r} {key!r} deadline {deadline_id!r}: {exc}")
+            result.failures.append(Failure(letter, Stage.PRODUCE, error, key))
+        else:
+            result.outputs.setdefault(place, []).append(out)
+            result.count("fired")
+            result.count("commands")
         entry = _copy(entry)
         del entry["deadlines"][deadline_id]
         result.entries[key] = entry
-        result.puts[timer] = None
+        result.timer(timer, None)
         result.puts[STATE + key.encode()] = orjson.dumps(entry)
-        result.count("fired")
-        result.count("commands")
 
 
 def pending_deadlines(entry_value: bytes | None) -> dict[str, float]:

@@ -462,6 +462,25 @@ def build_asyncapi(
     return document
 
 
+def _commands_channel(
+    channels: dict[str, Any],
+    target: str,
+    partitions: int,
+    replicas: int | None,
+    key: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The messages of the commands channel `target`; another service's is added, generic."""
+    if target not in channels:
+        command = {"command": _message("command", "a command", _generic("command"), key)}
+        channels[target] = _channel(
+            {"name": target, "partitions": partitions},
+            replicas,
+            command,
+            "another service's commands",
+        )
+    return channels[target]["messages"]
+
+
 def _reaction_operations(
     topology: Mapping[str, Any],
     channels: dict[str, Any],
@@ -509,15 +528,7 @@ def _reaction_operations(
         if saga:
             continue  # it writes to the saga's inbox, an internal topic
         for target in reaction.get("sends") or ():
-            if target not in channels:  # another service's commands topic
-                command = {"command": _message("command", "a command", _generic("command"), key)}
-                channels[target] = _channel(
-                    {"name": target, "partitions": reaction["partitions"]},
-                    replicas,
-                    command,
-                    "another service's commands",
-                )
-            sent = channels[target]["messages"]
+            sent = _commands_channel(channels, target, reaction["partitions"], replicas, key)
             operations[_operation_id("react", reaction["name"], "send", target)] = _operation(
                 "send",
                 target,
@@ -537,18 +548,11 @@ def _saga_operations(
     key = {"type": "string", "description": "the receiving aggregate's key, UTF-8"}
     for saga in topology.get("sagas") or ():
         for target in saga.get("sends") or ():
-            if target not in channels:  # another service's commands topic
-                command = {"command": _message("command", "a command", _generic("command"), key)}
-                channels[target] = _channel(
-                    {"name": target, "partitions": saga["partitions"]},
-                    replicas,
-                    command,
-                    "another service's commands",
-                )
+            sent = _commands_channel(channels, target, saga["partitions"], replicas, key)
             operations[_operation_id("saga", saga["name"], "send", target)] = _operation(
                 "send",
                 target,
-                channels[target]["messages"],
+                sent,
                 f"commands of saga {saga['name']!r}, made by its events and deadlines",
                 None,
             )

@@ -56,16 +56,29 @@ def saga_sections(
 def saga_changes(old: list, new: list, ok: Any, bad: Any) -> list[Any]:
     """What `enhydra topology check` says of sagas: moving a saga's inbox, group or changelog
     strands its state and pending deadlines (incompatible); its logic may change."""
+    from enhydra.topology.compat import Path
+
     changes = []
     old_by = {s.get("name"): s for s in old}
     new_by = {s.get("name"): s for s in new}
     for name in sorted(new_by.keys() - old_by.keys()):
         changes.append(ok(f"saga {name}", "saga added"))
+    # Flagged (not compatible) though the deploy itself is a rolling bounce: the topology
+    # cannot know whether deadlines are pending, and losing them is silent at run time.
     for name in sorted(old_by.keys() - new_by.keys()):
-        detail = "saga removed: its pending deadlines never fire; its topics stay until deleted"
-        changes.append(ok(f"saga {name}", detail))
+        detail = (
+            "saga removed: its pending deadlines never fire; its topics stay until deleted "
+            "(cancel them first, or accept losing them)"
+        )
+        changes.append(bad(f"saga {name}", detail, Path.ROLLING_BOUNCE))
     for name in sorted(old_by.keys() & new_by.keys()):
         o, n = old_by[name], new_by[name]
+        for topic in sorted(set(o.get("sends") or ()) - set(n.get("sends") or ())):
+            detail = (
+                f"no longer sends to {topic}: pending deadlines that send there go to the "
+                "dead-letter queue when they fire"
+            )
+            changes.append(bad(f"saga {name}", detail, Path.ROLLING_BOUNCE))
         for field in ("inbox", "group", "changelog"):
             if o.get(field) != n.get(field):
                 detail = (

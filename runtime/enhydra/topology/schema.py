@@ -33,7 +33,13 @@ _BOUNDS = {
 Defs = Mapping[str, Any]
 
 
-_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+)
 
 
 def _json_type(value: Any) -> str:
