@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -117,6 +118,20 @@ class Consumer:
         self.highwaters: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
         self.commit_hangs = False
+        self.positions: dict[TopicPartition, int] = {}  # what aiokafka returns next
+
+    @property
+    def _subscription(self) -> SimpleNamespace:
+        """aiokafka's subscription state, as far as enhydra.kafka.reading.fetch_position reads it."""
+        positions = self.positions
+
+        def state_value(tp: TopicPartition) -> SimpleNamespace | None:
+            if tp not in positions:
+                return None
+            return SimpleNamespace(has_valid_position=True, position=positions[tp])
+
+        assignment = SimpleNamespace(state_value=state_value)
+        return SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -299,6 +314,30 @@ async def test_a_task_with_input_waiting_and_no_progress_is_reported_stuck(
     await runner._land()
     runner._check_progress(107.0)
     assert runner.registry.stuck == {}
+    runner.registry.close_all()
+
+
+async def test_a_transaction_marker_after_the_last_record_is_no_work_waiting(
+    settings: Settings,
+) -> None:
+    """An input written under exactly-once ends with a commit marker: the high watermark is one
+    past the last record. Counted as a record waiting, every idle task would read as stuck."""
+    runner, _ = await running(settings, {0})
+    tp = TopicPartition(INPUT, 0)
+    await runner._process({tp: records(range(0, 10))})
+    await runner._land()
+    consumer = runner._consumer
+    consumer.highwaters, consumer.positions = {tp: 11}, {tp: 11}  # offset 10: the marker
+    assert runner.input_lag() == {0: 0}
+    for now in (100.0, 104.0, 110.0):
+        runner._check_progress(now)
+    assert runner.registry.stuck == {}
+    # Records fetched and in hand, or not fetched yet, are work waiting.
+    # 10..19 skipped by the fetcher (markers, aborted records); 20..29 not fetched yet.
+    consumer.highwaters, consumer.positions = {tp: 30}, {tp: 20}
+    assert runner.input_lag() == {0: 10}
+    runner._received[0] = 15  # 10..15 returned, not processed yet (a stalled batch)
+    assert runner.input_lag() == {0: 6 + 10}
     runner.registry.close_all()
 
 

@@ -31,6 +31,22 @@ class ReadStalled(TimeoutError):
     """No record arrived for a while although the range's end was not reached."""
 
 
+def fetch_position(consumer: Any, tp: TopicPartition) -> int | None:
+    """The offset `consumer` returns next for `tp`, without waiting; None when not known yet.
+
+    aiokafka's `position()` is awaitable and may wait for an offset reset; the watchdog and the
+    lag gauges need a look that never blocks. Past a transaction's commit marker (an offset
+    with no record) the position is beyond the last record returned: the only sign that the
+    rest of the log up to the high watermark is not work waiting.
+    """
+    subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+    assignment = getattr(subscription, "assignment", None)
+    state = assignment.state_value(tp) if assignment is not None else None
+    if state is None or not state.has_valid_position:
+        return None
+    return state.position
+
+
 async def partitions_of(consumer: Consumer, topic: str) -> list[int]:
     """The topic's partitions, asking the cluster when the client's metadata does not know it."""
     found = consumer.partitions_for_topic(topic)

@@ -48,6 +48,7 @@ from enhydra.kafka.clients import Consumer, close, new_consumer, start
 from enhydra.kafka.errors import transient
 from enhydra.kafka.groups import fenced, leave_group, member_id, request_rejoin
 from enhydra.kafka.liveness import GroupLiveness
+from enhydra.kafka.reading import fetch_position
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.logs import get_logger
 from enhydra.runner.batch import PartitionWrite, Step, StepOutput
@@ -160,6 +161,7 @@ class TaskRunner:
         self._stall_limit_s = settings.failure_probe_window_ms / 2000
         self._stalled = False
         self._rewinds: dict[TopicPartition, int] = {}  # partitions read again after a stall
+        self._received: dict[int, int] = {}  # partition -> the last input offset fetched
         # Where the commit unit resumed each partition at its assignment (open_task), when it
         # keeps the position itself: records fetched before that seek are not read.
         self._resumed_at: dict[int, int] = {}
@@ -377,6 +379,7 @@ class TaskRunner:
             registry.suspend({tp.partition for tp in revoked})
             for tp in revoked:
                 self._resumed_at.pop(tp.partition, None)
+                self._received.pop(tp.partition, None)
             # Stop restoring what may go elsewhere; standbys keep following meanwhile.
             self._reader.set_copies({}, registry.following())
         if revoked:
@@ -434,7 +437,14 @@ class TaskRunner:
 
     # what the loop knows of its partitions ---------------------------------------------------
     def input_lag(self) -> dict[int, int]:
-        """Per running active partition, input records fetched-known but not yet processed."""
+        """Per running active partition, input records fetched-known but not yet processed.
+
+        That is the records in hand (returned by the consumer, not processed yet) plus those not
+        fetched yet (the high watermark past the consumer's position). Offsets between the last
+        record returned and the position are no work: transaction markers (an input written
+        under exactly-once: a reaction's commands, a saga's inbox) and aborted records, which
+        would otherwise read as one record waiting forever, and a stuck task to the watchdog.
+        """
         lags: dict[int, int] = {}
         consumer = self._consumer
         if consumer is None:
@@ -445,8 +455,15 @@ class TaskRunner:
             if tp not in assigned:
                 continue
             highwater = consumer.highwater(tp)
-            if highwater is not None:
-                lags[task.partition] = max(0, highwater - (task.store.input_offset + 1))
+            if highwater is None:
+                continue
+            done = task.store.input_offset + 1
+            position = fetch_position(consumer, tp)
+            if position is None or position <= done:
+                lags[task.partition] = max(0, highwater - done)
+                continue
+            in_hand = max(0, min(self._received.get(task.partition, -1) + 1, position) - done)
+            lags[task.partition] = in_hand + max(0, highwater - position)
         return lags
 
     async def end_offset(self, partition: int) -> int:
@@ -531,6 +548,9 @@ class TaskRunner:
         return batch
 
     async def _process(self, batch: dict[TopicPartition, list]) -> None:
+        for tp, fetched in batch.items():
+            if fetched:  # what the consumer returned: in hand until processed (input_lag)
+                self._received[tp.partition] = fetched[-1].offset
         consumer = self._consumer
         checkpoint = self._checkpoint
         assert consumer is not None and checkpoint is not None
