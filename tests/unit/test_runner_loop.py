@@ -122,7 +122,7 @@ class Consumer:
 
     @property
     def _subscription(self) -> SimpleNamespace:
-        """aiokafka's subscription state, as far as enhydra.kafka.reading.fetch_position reads it."""
+        """aiokafka's subscription state, as much of it as kafka.reading.fetch_position reads."""
         positions = self.positions
 
         def state_value(tp: TopicPartition) -> SimpleNamespace | None:
