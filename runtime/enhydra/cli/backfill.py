@@ -280,7 +280,9 @@ _KAFKA_JVM_ERRORS = (
 def _spark_failure(exc: BaseException) -> str | None:
     """The one line that says why a Spark job failed (an executor's FoldError, say)."""
     text = str(exc)
-    for marker in ("FoldError: ", "SourceError: ", "SnapshotError: ", "ImportError: "):
+    markers = ("FoldError: ", "SourceError: ", "SnapshotError: ", "ImportError: ")
+    markers += ("PartitionLost: ", "OperationalError: ")  # a SQL projection's executors
+    for marker in markers:
         lines = [line for line in text.splitlines() if marker in line]
         if lines:
             return lines[-1].split(marker, 1)[1].strip()

@@ -439,8 +439,9 @@ def _fill_sql(spark: Any, plan: BackfillPlan, result: BackfillResult) -> None:
     sql = plan.sql
     assert sql is not None
     topic = plan.bound.events_topic
-    local = is_local(spark.sparkContext.master)
-    ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
+    if result.layout is None:  # the state's fold did not ship the code already
+        local = is_local(spark.sparkContext.master)
+        ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
     job = Rebuild(sql.settings, sql.database, sql.projection, topic, aggregate=plan.bound.aggregate)
     step = SqlStep(sql.projection, aggregate=plan.bound.aggregate)
     stage = time.monotonic()
@@ -451,7 +452,7 @@ def _fill_sql(spark: Any, plan: BackfillPlan, result: BackfillResult) -> None:
     async def run() -> dict[int, int]:
         search_path = (job.schema, await _live_schema(sql.database))
         filler = partial(fill_tables, spark, read, step, sql.database, search_path, job.key, topic)
-        return await job.run(filler=lambda positions, targets: filler(positions, targets))
+        return await job.run(filler=filler)
 
     spark.sparkContext.setJobDescription(f"enhydra backfill: sql projection {sql.projection.name}")
     try:
