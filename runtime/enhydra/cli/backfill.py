@@ -43,6 +43,8 @@ Examples:
   enhydra backfill ledger.service:service --snapshot snapshots/full --output state.parquet
   enhydra backfill ledger.service:service --until-time 2025-01-31T00:00:00Z \\
       --snapshot snapshots/jan
+  ENHYDRA_DATABASE_URL=postgresql://enhydra@db/reads \\
+      enhydra backfill ledger.service:service --sql-projection balances
   PYSPARK_PYTHON=/opt/py/bin/python enhydra backfill ledger.service:service \\
       --master spark://spark-master:7077 --snapshot /shared/snapshots/full
 """
@@ -74,6 +76,12 @@ def _options() -> list[Callable[[Any], Any]]:
             "on a cluster DIR must be shared by the driver and the executors.",
         ),
         click.option("--emit-events", metavar="TOPIC", help="Write the corrected events here."),
+        click.option(
+            "--sql-projection",
+            metavar="NAME",
+            help="Fill the tables of the service's SQL projection NAME with its own project: "
+            "new tables, swapped in like `enhydra projection rebuild` (ENHYDRA_DATABASE_URL).",
+        ),
         click.option(
             "--method",
             type=click.Choice(METHODS),
@@ -196,8 +204,10 @@ def _prepare(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> di
         raise click.BadParameter(f"{exc}", param_hint="MODULE:ATTR") from exc
     if opts["until_time"] and opts["until_offsets"]:
         raise click.UsageError("give --until-time or --until-offsets, not both")
-    if not (opts["output"] or opts["snapshot"] or opts["emit_events"]):
-        raise click.UsageError("nothing to write: give --output, --snapshot and/or --emit-events")
+    if not (opts["output"] or opts["snapshot"] or opts["emit_events"] or opts["sql_projection"]):
+        raise click.UsageError(
+            "nothing to write: give --output, --snapshot, --emit-events and/or --sql-projection"
+        )
     try:
         until_offsets = (
             parse_until_offsets(opts["until_offsets"]) if opts["until_offsets"] else None
@@ -270,7 +280,9 @@ _KAFKA_JVM_ERRORS = (
 def _spark_failure(exc: BaseException) -> str | None:
     """The one line that says why a Spark job failed (an executor's FoldError, say)."""
     text = str(exc)
-    for marker in ("FoldError: ", "SourceError: ", "SnapshotError: ", "ImportError: "):
+    markers = ("FoldError: ", "SourceError: ", "SnapshotError: ", "ImportError: ")
+    markers += ("PartitionLost: ", "OperationalError: ")  # a SQL projection's executors
+    for marker in markers:
         lines = [line for line in text.splitlines() if marker in line]
         if lines:
             return lines[-1].split(marker, 1)[1].strip()
@@ -323,6 +335,7 @@ def _run(target: str, opts: dict[str, Any], pythonpath: Sequence[str]) -> None:
             shuffle=opts["shuffle"],
             emit_events=opts["emit_events"],
             fold=opts["fold"],
+            sql_projection=opts["sql_projection"],
         )
     except known as exc:
         raise click.ClickException(str(exc)) from exc

@@ -16,6 +16,7 @@ COMMANDS = {
     "image": "enhydra.cli.image:image",
     "kafka": "enhydra.cli.kafka:kafka",
     "new": "enhydra.cli.new:new",
+    "postgres": "enhydra.cli.postgres:postgres",
     "projection": "enhydra.cli.projection:projection",
     "query": "enhydra.cli.query:query",
     "rejections": "enhydra.cli.rejections:rejections",

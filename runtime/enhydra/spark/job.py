@@ -71,6 +71,7 @@ class BackfillResult:
     output: str | None = None
     snapshot: Manifest | None = None
     emitted: int | None = None
+    sql: dict[str, Any] | None = None  # a SQL projection's backfill: name, positions, refused
     layout: Layout | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -266,7 +267,50 @@ class BackfillPlan:
     tasks: int | None
     shuffle: bool | None
     fold: str | None = None
+    sql: SqlTarget | None = None
     started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class SqlTarget:
+    """A SQL projection of the service whose tables the backfill fills (enhydra.spark.sql_sink)."""
+
+    projection: Any  # SqlProjection
+    settings: Any  # the service's Settings (Kafka for the rebuild's catch-up)
+    database: Any  # DatabaseSettings
+
+
+def sql_target(target: str, name: str, connection: Connection) -> SqlTarget:
+    """The service's SQL projection NAME and the database (ENHYDRA_DATABASE_URL), or one line."""
+    import dataclasses
+
+    from enhydra.service import Service
+
+    module_name, _, attr = target.partition(":")
+    service = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(service, Service):
+        raise BackfillError(f"--sql-projection needs a Service target; {target} is not one")
+    try:
+        from enhydra.sql.config import DatabaseConfigError, DatabaseSettings
+        from enhydra.sql.model import SqlProjection
+    except ImportError as exc:
+        raise BackfillError(
+            f"{exc}: install the postgres extra: pip install 'enhydra[postgres]'"
+        ) from None
+    found = {p.name: p for p in service.projections if isinstance(p, SqlProjection)}
+    if name not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise BackfillError(
+            f"{target} has no SQL projection {name!r} (its SQL projections: {known})"
+        )
+    try:
+        database = DatabaseSettings.from_env()
+    except DatabaseConfigError as exc:
+        raise BackfillError(str(exc)) from None
+    settings = service.settings
+    if settings.bootstrap_servers != connection.bootstrap_servers:  # --bootstrap given
+        settings = dataclasses.replace(settings, bootstrap_servers=connection.bootstrap_servers)
+    return SqlTarget(found[name], settings, database)
 
 
 def plan_backfill(
@@ -284,6 +328,7 @@ def plan_backfill(
     shuffle: bool | None = None,
     emit_events: str | None = None,
     fold: str | None = None,
+    sql_projection: str | None = None,
 ) -> BackfillPlan:
     """Check the request and fix the offsets to read, without Spark: a mistake (target, app,
     Kafka address or credentials, bounds, an existing snapshot) ends here, before a JVM starts.
@@ -291,8 +336,10 @@ def plan_backfill(
     `connection` (a Connection with TLS/SASL, or a PLAINTEXT bootstrap string) defaults to the
     service's; Kafka that cannot be used raises enhydra.kafka's KafkaAccessError.
     """
-    if output is None and snapshot is None and emit_events is None:
-        raise BackfillError("nothing to write: give --output, --snapshot and/or --emit-events")
+    if output is None and snapshot is None and emit_events is None and sql_projection is None:
+        raise BackfillError(
+            "nothing to write: give --output, --snapshot, --emit-events and/or --sql-projection"
+        )
     if method not in METHODS:
         raise BackfillError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
     if fold is not None and fold not in FOLDS:
@@ -316,6 +363,7 @@ def plan_backfill(
         raise BackfillError(
             f"--emit-events {emit_events}: write the corrected events to another topic"
         )
+    sql = sql_target(target, sql_projection, conn) if sql_projection is not None else None
     started = time.monotonic()
     ranges = resolve_ranges(
         conn, bound.events_topic, until_offsets=until_offsets, until_time=until_time
@@ -350,6 +398,7 @@ def plan_backfill(
         tasks=tasks,
         shuffle=shuffle,
         fold=fold,
+        sql=sql,
         started=started,
     )
 
@@ -365,7 +414,77 @@ def run_backfill(spark: Any, target: str, **options: Any) -> BackfillResult:
 
 
 def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
-    """Run a plan on a SparkSession."""
+    """Run a plan on a SparkSession: the state's outputs, then a SQL projection's tables."""
+    if plan.output is None and plan.snapshot is None and plan.emit_events is None:
+        result = BackfillResult(plan.app_id, plan.bound.events_topic, plan.ranges)
+    else:
+        result = _fold_state(spark, plan)
+    if plan.sql is not None:
+        _fill_sql(spark, plan, result)
+    result.seconds = time.monotonic() - plan.started
+    return result
+
+
+def _fill_sql(spark: Any, plan: BackfillPlan, result: BackfillResult) -> None:
+    """The projection's tables: the rebuild's new tables, filled by Spark (sql_sink), swapped."""
+    import asyncio
+    from functools import partial
+
+    import psycopg
+
+    from enhydra.spark.sql_sink import fill_tables
+    from enhydra.sql.engine import SqlStep
+    from enhydra.sql.rebuild import Rebuild, RebuildError
+
+    sql = plan.sql
+    assert sql is not None
+    topic = plan.bound.events_topic
+    if result.layout is None:  # the state's fold did not ship the code already
+        local = is_local(spark.sparkContext.master)
+        ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
+    job = Rebuild(sql.settings, sql.database, sql.projection, topic, aggregate=plan.bound.aggregate)
+    step = SqlStep(sql.projection, aggregate=plan.bound.aggregate)
+    stage = time.monotonic()
+
+    def read(ranges: list[OffsetRange]) -> Any:
+        return read_events(spark, topic, plan.connection, method=plan.method, ranges=ranges)
+
+    async def run() -> dict[int, int]:
+        search_path = (job.schema, await _live_schema(sql.database))
+        filler = partial(fill_tables, spark, read, step, sql.database, search_path, job.key, topic)
+        return await job.run(filler=filler)
+
+    spark.sparkContext.setJobDescription(f"enhydra backfill: sql projection {sql.projection.name}")
+    try:
+        positions = asyncio.run(run())
+    except RebuildError as exc:
+        raise BackfillError(str(exc)) from None
+    except psycopg.Error as exc:  # rows and positions stay: run it again to resume
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise BackfillError(
+            f"the SQL backfill stopped: {type(exc).__name__}: {first}; run it again to resume"
+        ) from None
+    result.timings["sql_s"] = time.monotonic() - stage
+    result.sql = {
+        "projection": sql.projection.name,
+        "version": sql.projection.version,
+        "folded": job.folded,
+        "refused": job.refused,
+        "positions": positions,
+    }
+    log.info("sql projection backfilled and swapped in", **result.sql, **_rate(job.folded, stage))
+
+
+async def _live_schema(database: Any) -> str:
+    from psycopg import AsyncConnection
+
+    async with await AsyncConnection.connect(database.conninfo()) as conn:
+        cur = await conn.execute("SELECT current_schema()")
+        return (await cur.fetchone())[0]  # type: ignore[index]
+
+
+def _fold_state(spark: Any, plan: BackfillPlan) -> BackfillResult:
+    """The service's state folded with `apply`: Parquet, a snapshot, corrected events."""
     ranges, bound, writer, output = plan.ranges, plan.bound, plan.writer, plan.output
     total = sum(r.count for r in ranges)
     layout = plan_layout(
@@ -435,8 +554,8 @@ def execute_backfill(spark: Any, plan: BackfillPlan) -> BackfillResult:
                 log.info("corrected events", topic=plan.emit_events, events=result.emitted)
     finally:
         folded.unpersist()
-    result.seconds = time.monotonic() - plan.started
-    log.info("backfill done", seconds=round(result.seconds, 1), keys=result.keys, events=total)
+    seconds = round(time.monotonic() - plan.started, 1)
+    log.info("backfill done", seconds=seconds, keys=result.keys, events=total)
     return result
 
 
@@ -549,6 +668,8 @@ def summary(result: BackfillResult) -> str:
     lines = [
         f"backfill: {result.keys} keys from {result.events} events of {result.events_topic} "
         f"in {result.seconds:.1f}s"
+        if result.sql is None or result.layout is not None
+        else f"backfill of {result.events_topic} in {result.seconds:.1f}s"
     ]
     if result.output:
         lines.append(f"  state (parquet): {result.output}")
@@ -556,4 +677,11 @@ def summary(result: BackfillResult) -> str:
         lines.append(f"  snapshot: {result.snapshot.rows} rows, cut {result.cut.to_json()}")
     if result.emitted is not None:
         lines.append(f"  corrected events written: {result.emitted}")
+    if result.sql is not None:
+        q = result.sql
+        lines.append(
+            f"  sql projection {q['projection']} (version {q['version']}): {q['folded']} events "
+            f"folded into new tables and swapped in ({q['refused']} refused), "
+            f"positions {q['positions']}"
+        )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ write old rows into new tables; the new version starts where the rebuild ended.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,10 @@ from enhydra.sql.rows import plan
 
 log = get_logger("enhydra.sql.rebuild")
 BATCH_RECORDS = 2000
+
+
+# filler(positions, targets) -> (events folded, events refused): fills the rebuild's tables
+Filler = Callable[[dict[int, int], dict[int, int]], Awaitable[tuple[int, int]]]
 
 
 class RebuildError(RuntimeError):
@@ -95,9 +99,12 @@ class Rebuild:
         self._consumer: Any = None
 
     # the whole rebuild -----------------------------------------------------------------------
-    async def run(self) -> dict[int, int]:
+    async def run(self, filler: Filler | None = None) -> dict[int, int]:
         """Fill the new tables up to the topic's end (or the live positions), then swap them in.
-        Returns the positions the tables now hold."""
+        Returns the positions the tables now hold.
+
+        `filler(positions, targets)` fills them another way first (the Spark backfill), writing
+        rows and positions under `self.key` into `self.schema`; what it leaves is folded here."""
         db = self.database
         try:
             lock = await AsyncConnection.connect(db.conninfo(), autocommit=True)
@@ -125,6 +132,13 @@ class Rebuild:
                 tps = [TopicPartition(self.topic, p) for p in partitions]
                 ends = await self._consumer.end_offsets(tps)
                 targets = {tp.partition: offset for tp, offset in ends.items()}
+            if filler is not None:
+                folded, refused = await filler(dict(self.positions), dict(targets))
+                self.folded += folded
+                self.refused += refused
+                self.positions = await writer.load_positions(
+                    self._conn, self.key, self.topic, partitions
+                )
             await self.fill(targets, "fill")
             await self._swap(lock, live_schema)
             return dict(self.positions)
@@ -244,32 +258,9 @@ class Rebuild:
     async def _write(
         self, conn: AsyncConnection, moves: dict[int, tuple[int, int]], events: list[EventRows]
     ) -> None:
-        """One batch's rows and positions in one transaction. An event whose rows the database
-        refuses is skipped (the live run dead-lettered it) and counted."""
-        tables = self.projection.by_name
-        the_plan = plan([op for e in events for op in e.ops], tables)
-        await writer.prepare_stages(conn, the_plan)
-        try:
-            async with conn.transaction():
-                await writer.write_plan(conn, the_plan, tables, prepared=True)
-                await writer.move_positions(conn, self.key, self.topic, moves)
-            return
-        except ROW_ERRORS:
-            pass
-        async with conn.transaction():
-            for event in events:
-                try:
-                    async with conn.transaction():  # a savepoint
-                        await writer.write_plan(conn, plan(event.ops, tables), tables, clear=True)
-                except ROW_ERRORS as exc:
-                    self.refused += 1
-                    log.warning(
-                        "rebuild: an event's rows were refused; skipped",
-                        projection=self.projection.name,
-                        offset=event.record.offset,
-                        error=_first_line(exc),
-                    )
-            await writer.move_positions(conn, self.key, self.topic, moves)
+        self.refused += await write_batch(
+            conn, self.projection, self.key, self.topic, moves, events
+        )
 
     def _report(self, todo: Mapping[int, int], phase: str) -> None:
         if self.on_progress is None:
@@ -337,6 +328,45 @@ class Rebuild:
             folded=self.folded,
             refused=self.refused,
         )
+
+
+async def write_batch(
+    conn: AsyncConnection,
+    projection: SqlProjection,
+    key: str,
+    topic: str,
+    moves: Mapping[int, tuple[int, int]],
+    events: list[EventRows],
+) -> int:
+    """One batch's rows and positions (under `key`) in one transaction; returns how many events
+    the database refused. A refused event is skipped (the live run dead-lettered it), so the
+    rebuild and the backfill (spark/sql_sink.py) leave the rows the live run leaves."""
+    tables = projection.by_name
+    the_plan = plan([op for e in events for op in e.ops], tables)
+    await writer.prepare_stages(conn, the_plan)
+    try:
+        async with conn.transaction():
+            await writer.write_plan(conn, the_plan, tables, prepared=True)
+            await writer.move_positions(conn, key, topic, dict(moves))
+        return 0
+    except ROW_ERRORS:
+        pass
+    refused = 0
+    async with conn.transaction():
+        for event in events:
+            try:
+                async with conn.transaction():  # a savepoint
+                    await writer.write_plan(conn, plan(event.ops, tables), tables, clear=True)
+            except ROW_ERRORS as exc:
+                refused += 1
+                log.warning(
+                    "rebuild: an event's rows were refused; skipped",
+                    projection=projection.name,
+                    offset=event.record.offset,
+                    error=_first_line(exc),
+                )
+        await writer.move_positions(conn, key, topic, dict(moves))
+    return refused
 
 
 def _first_line(error: BaseException) -> str:

@@ -10,11 +10,7 @@ the tests run as root (as CI does).
 
 from __future__ import annotations
 
-import glob
-import os
 import shutil
-import socket
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -23,121 +19,11 @@ from typing import Any
 
 import pytest
 
+from enhydra.devtools.postgres import PASSWORD, Postgres, find_server_bin
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.model import SqlProjection
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-PASSWORD = "enhydra-test-password"
-
-
-def find_server_bin() -> Path:
-    """The folder of Debian's PostgreSQL server programs, installed first when missing (root)."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return Path(found[-1]).parent
-    if os.geteuid() != 0:
-        raise RuntimeError(
-            "PostgreSQL is missing and only root can install it: apt-get install postgresql"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
-        check=True,
-        env=env,
-        timeout=900,
-    )
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    assert found, "apt-get installed postgresql but initdb is not in /usr/lib/postgresql"
-    return Path(found[-1]).parent
-
-
-def _as_postgres(args: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
-
-
-class Postgres:
-    """One server in a temp folder; stop() and start() simulate an outage."""
-
-    def __init__(self, bin_dir: Path, root: Path) -> None:
-        self.bin = bin_dir
-        self.root = root
-        self.data = root / "data"
-        self.port = _free_port()
-        self.password_file = root / "password"
-
-    def init(self) -> None:
-        pwfile = self.root / "initpw"
-        pwfile.write_text(PASSWORD)
-        self.password_file.write_text(PASSWORD + "\n")
-        self.password_file.chmod(0o600)
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres")
-            shutil.chown(pwfile, "postgres")
-        subprocess.run(
-            _as_postgres(
-                [
-                    str(self.bin / "initdb"),
-                    "-D",
-                    str(self.data),
-                    "-U",
-                    "enhydra",
-                    f"--pwfile={pwfile}",
-                    "-A",
-                    "scram-sha-256",
-                    "--no-sync",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        pwfile.unlink()
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
-        )
-        subprocess.run(
-            _as_postgres(
-                [
-                    str(self.bin / "pg_ctl"),
-                    "-D",
-                    str(self.data),
-                    "-o",
-                    options,
-                    "-l",
-                    str(self.root / "server.log"),
-                    "-w",
-                    "-t",
-                    "60",
-                    "start",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-            timeout=90,
-        )
-
-    def stop(self, mode: str = "fast") -> None:
-        subprocess.run(
-            _as_postgres(
-                [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]
-            ),
-            check=False,
-            capture_output=True,
-            timeout=90,
-        )
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://enhydra@127.0.0.1:{self.port}/{database}"
+__all__ = ["PASSWORD", "Postgres", "database", "find_server_bin", "fold_rows", "postgres"]
 
 
 @pytest.fixture(scope="session")
