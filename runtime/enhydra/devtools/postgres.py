@@ -143,9 +143,17 @@ class Postgres:
 
 
 def default_data_dir() -> Path:
-    """Where the dev server keeps its data: $ENHYDRA_POSTGRES_DIR, else the cache."""
+    """Where the dev server keeps its data: $ENHYDRA_POSTGRES_DIR, else the cache.
+
+    As root the server runs as the postgres user, who cannot enter root's home (and so its
+    cache): then /var/tmp, which every user may enter and which survives a reboot.
+    """
     explicit = os.environ.get("ENHYDRA_POSTGRES_DIR")
-    return Path(explicit).expanduser() if explicit else cache_root() / "postgres"
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.geteuid() == 0:
+        return Path("/var/tmp/enhydra-postgres")
+    return cache_root() / "postgres"
 
 
 @dataclass(frozen=True)
