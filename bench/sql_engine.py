@@ -245,6 +245,12 @@ async def run(bootstrap: str, server: Postgres, root: Path, args: argparse.Names
         profiler.disable()
         profiler.dump_stats(args.profile)
         progress(f"profiled engine round: {rate:,.0f} events/s; stats in {args.profile}")
+    # The machine is shared: a ratio within one round (the variants ran seconds apart) is
+    # steadier than the ratio of two medians taken from different rounds.
+    for ceiling in ("raw copy", "raw loop"):
+        ratios = [e / c for e, c in zip(results["engine"], results[ceiling], strict=True)]
+        shown = " ".join(f"{r:.2f}" for r in ratios)
+        progress(f"engine / {ceiling} per round: {shown} (median {median(ratios):.2f})")
     return {name: median(values) for name, values in results.items()}
 
 
