@@ -2,7 +2,8 @@
 
 Two ways to write a plan's upserts, both measured by bench/sql_projection.py:
 `copy` streams the rows into a temporary stage table with COPY, `executemany` inserts them
-there pipelined by psycopg; then one UPDATE and one INSERT per shape merge the stage in.
+there pipelined by psycopg; then one UPDATE and one INSERT per shape merge the stage in
+(one INSERT ... ON CONFLICT for a shape that names every column and adds to none).
 Identifiers come from the projection's declaration, checked by model.check_name, and are
 quoted; values always travel as parameters.
 """
