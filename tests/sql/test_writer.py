@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("psycopg")
 
-from enhydra.sql import SqlProjection, Upsert
+from enhydra.sql import Delete, SqlProjection, Table, Upsert
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.rows import plan
 from enhydra.sql.writer import (
@@ -17,6 +17,7 @@ from enhydra.sql.writer import (
     load_positions,
     move_positions,
     prepare_stages,
+    table_columns,
     write_plan,
 )
 from tests.sql.accounts import ACCOUNTS, PROJECTION
@@ -74,3 +75,74 @@ async def test_a_partial_row_updates_a_stored_one_under_not_null_and_check(
                 await write_plan(conn, the_plan, tables, method, prepared=True)
         cur = await conn.execute("SELECT id, owner, balance, events FROM accounts")
         assert await cur.fetchall() == [("a", "ann", 10, 3)]
+
+
+DOCS = SqlProjection(
+    "docs",
+    lambda k, e: [],
+    (Table("docs", ("id",), "CREATE TABLE {table} (id text PRIMARY KEY, doc jsonb, tags jsonb)"),),
+)
+
+
+@pytest.mark.parametrize("method", ["copy", "executemany"])
+async def test_dicts_and_lists_land_as_jsonb_and_positions_move_together(
+    database: DatabaseSettings, method: str
+) -> None:
+    """Values go to COPY/executemany as they are: the writer's cursor adapts dicts and lists."""
+    tables = DOCS.by_name
+    async with await connect(database) as conn:
+        await ensure_schema(conn, DOCS)
+        await load_positions(conn, "docs", "events", [0, 1])
+        ops = [
+            Upsert("docs", {"id": "a", "doc": {"n": [1, {"x": None}]}, "tags": ["t", 2]}),
+            Upsert("docs", {"id": "b", "doc": {}, "tags": []}),
+            Upsert("docs", {"id": "c", "doc": None, "tags": None}),
+            Delete("docs", {"id": "b"}),
+        ]
+        the_plan = plan(ops, tables)
+        await prepare_stages(conn, the_plan)
+        async with conn.transaction():
+            await write_plan(conn, the_plan, tables, method, prepared=True)
+            await move_positions(conn, "docs", "events", {0: (0, 5), 1: (0, 2)})
+        cur = await conn.execute("SELECT id, doc, tags FROM docs ORDER BY id")
+        assert await cur.fetchall() == [
+            ("a", {"n": [1, {"x": None}]}, ["t", 2]),
+            ("c", None, None),
+        ]
+        assert await load_positions(conn, "docs", "events", [0, 1]) == {0: 5, 1: 2}
+
+
+@pytest.mark.parametrize("method", ["copy", "executemany"])
+async def test_whole_rows_merge_in_one_upsert_and_partial_ones_still_merge(
+    database: DatabaseSettings, method: str
+) -> None:
+    """A shape naming every column and adding to none is one INSERT ... ON CONFLICT; a shape
+    that adds keeps the two-statement merge; a column added after the columns were read takes
+    its default."""
+    tables = PROJECTION.by_name
+    async with await connect(database) as conn:
+        await ensure_schema(conn, PROJECTION)
+        stored = await table_columns(conn, PROJECTION.tables)
+        assert stored == {"accounts": frozenset({"id", "owner", "balance", "events"})}
+        whole = {"id": "a", "owner": "ann", "balance": 5, "events": 1}
+        for ops in (
+            [Upsert("accounts", whole)],
+            [
+                Upsert("accounts", {**whole, "owner": "bob"}),
+                Upsert("accounts", {**whole, "id": "b"}),
+            ],
+            [Upsert("accounts", {"id": "a", "balance": 2, "events": 1}, add=("balance", "events"))],
+        ):
+            the_plan = plan(ops, tables)
+            await prepare_stages(conn, the_plan)
+            async with conn.transaction():
+                await write_plan(conn, the_plan, tables, method, prepared=True, stored=stored)
+        cur = await conn.execute("SELECT id, owner, balance, events FROM accounts ORDER BY id")
+        assert await cur.fetchall() == [("a", "bob", 7, 2), ("b", "ann", 5, 1)]
+        await conn.execute("ALTER TABLE accounts ADD COLUMN note text NOT NULL DEFAULT ''")
+        the_plan = plan([Upsert("accounts", {**whole, "id": "c"})], tables)
+        await prepare_stages(conn, the_plan)
+        async with conn.transaction():
+            await write_plan(conn, the_plan, tables, method, prepared=True, stored=stored)
+        cur = await conn.execute("SELECT id, owner, note FROM accounts WHERE id = 'c'")
+        assert await cur.fetchall() == [("c", "ann", "")]

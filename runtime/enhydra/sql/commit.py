@@ -95,6 +95,7 @@ class SqlCommit:
         self.next: dict[int, int] = {}  # partition -> next offset, as stored with the rows
         self.waiting: str | None = None  # why the projection waits now (None: it does not)
         self.stats = {"rows": 0, "transactions": 0, "dead_lettered": 0, "db_retries": 0}
+        self.columns: dict[str, frozenset] = {}  # the tables' columns, read at start
         self._pool: AsyncConnectionPool | None = None
         self._producer: Producer | None = None
 
@@ -130,7 +131,9 @@ class SqlCommit:
         )
 
     async def _ensure_schema(self, conn: AsyncConnection) -> bool:
-        return await writer.ensure_schema(conn, self.projection)
+        created = await writer.ensure_schema(conn, self.projection)
+        self.columns = await writer.table_columns(conn, self.projection.tables)
+        return created
 
     async def stop(self) -> None:
         if self._producer is not None:
@@ -285,7 +288,9 @@ class _Attempt:
         await writer.prepare_stages(conn, the_plan)
         try:
             async with conn.transaction():
-                await writer.write_plan(conn, the_plan, unit.tables, unit.method, prepared=True)
+                await writer.write_plan(
+                    conn, the_plan, unit.tables, unit.method, prepared=True, stored=unit.columns
+                )
                 await writer.move_positions(conn, unit.projection.positions_key, topic, self.moves)
             unit.stats["rows"] += the_plan.rows
             unit.stats["transactions"] += 1

@@ -32,6 +32,10 @@ class SqlStep:
     """`project` over one partition's events: the rows each event changes (pure)."""
 
     counters = ("ignored", "events")
+    # The step reads no state, so nothing it reads can be unpersisted: the runner computes
+    # the next batch while the previous one's transaction flies (positions stay exact: each
+    # transaction moves them from where the one before left them; commit.py).
+    reads_unpersisted = True
 
     def __init__(
         self,
@@ -47,31 +51,33 @@ class SqlStep:
         return None
 
     def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
-        projection = self.projection
+        project, check, read = self.projection.project, self.projection.check, self.read
+        loads, transient = orjson.loads, self.transient
         rows: list[EventRows] = []
+        append = rows.append
         ignored = 0
         last = -1
         interrupted = None
         for record in records:
             last = record.offset
-            event = orjson.loads(record.value) if record.key and record.value else None
-            if not isinstance(event, dict):
+            event = loads(record.value) if record.key and record.value else None
+            if type(event) is not dict:
                 ignored += 1  # nothing to fold: no key, or not a JSON object
                 continue
-            version = header(record.headers, EVENT_VERSION_HEADER)
-            if self.read is not None:
-                event = self.read(event, version)
+            headers = record.headers
+            version = header(headers, EVENT_VERSION_HEADER) if headers else None
+            if read is not None:
+                event = read(event, version)
             elif not is_unversioned(version):
                 raise refuse(event, version)
             try:
-                key = record.key.decode("utf-8", "replace")
-                ops = projection.check(projection.project(key, event))
-            except self.transient as exc:
+                ops = check(project(record.key.decode("utf-8", "replace"), event))
+            except transient as exc:
                 if record.offset in give_up:
                     raise
                 interrupted, last = (record.offset, exc), record.offset - 1
                 break
-            rows.append(EventRows(record, ops))
+            append(EventRows(record, ops))
         return StepOutput(
             outputs={},
             puts=[],

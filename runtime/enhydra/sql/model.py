@@ -20,6 +20,7 @@ __all__ = ["Delete", "Op", "SqlProjection", "Table", "Upsert"]
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _CHECKED_COLUMNS: set[str] = set()  # column names `check` found valid (it runs per event)
+_SHAPES_KEPT = 10_000  # op shapes `check` remembers as valid per projection (bounded)
 
 
 def check_name(kind: str, name: str) -> str:
@@ -100,6 +101,9 @@ class SqlProjection:
             raise ValueError(f"projection {self.name!r}: version starts at 1")
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tables})
+        # Shapes of ops found valid: (table, columns, add) of an Upsert, (table, columns) of a
+        # Delete. `check` runs per event; a known shape is then one dictionary lookup.
+        object.__setattr__(self, "_valid", set())
 
     @property
     def by_name(self) -> dict[str, Table]:
@@ -121,30 +125,43 @@ class SqlProjection:
 
     def check(self, ops: Iterable[Op]) -> list[Op]:
         """The ops of one event, refused when they touch a table or key this projection lacks."""
-        tables = self.by_name
-        checked = list(ops)
+        checked = ops if type(ops) is list else list(ops)
+        valid = self._valid  # type: ignore[attr-defined]
         for op in checked:
-            table = tables.get(op.table)
-            if table is None:
-                raise ValueError(
-                    f"projection {self.name!r} wrote to table {op.table!r}, which it does not "
-                    f"declare (its tables: {', '.join(sorted(tables))})"
-                )
-            given = op.row if isinstance(op, Upsert) else op.key
-            missing = [c for c in table.key if c not in given]
-            if missing:
-                raise ValueError(
-                    f"projection {self.name!r}: a row of {op.table!r} lacks its key column(s) "
-                    f"{', '.join(missing)}"
-                )
-            if isinstance(op, Upsert):
-                for column in op.row:
-                    if column not in _CHECKED_COLUMNS:
-                        _CHECKED_COLUMNS.add(check_name("column", column))
-                wrong = [c for c in op.add if c not in op.row or c in table.key]
-                if wrong:
-                    raise ValueError(
-                        f"projection {self.name!r}: add= names {', '.join(wrong)}, which the "
-                        f"row of {op.table!r} does not set or which are key columns"
-                    )
+            if type(op) is Upsert:
+                add = op.add if type(op.add) is tuple else tuple(op.add)
+                shape: tuple = (op.table, tuple(op.row), add)
+            elif type(op) is Delete:
+                shape = (op.table, tuple(op.key))
+            else:
+                shape = ()  # a subclass, or not an op: checked in full every time
+            if shape not in valid:
+                self._check_op(op)
+                if shape and len(valid) < _SHAPES_KEPT:
+                    valid.add(shape)
         return checked
+
+    def _check_op(self, op: Op) -> None:
+        table = self.by_name.get(op.table)
+        if table is None:
+            raise ValueError(
+                f"projection {self.name!r} wrote to table {op.table!r}, which it does not "
+                f"declare (its tables: {', '.join(sorted(self.by_name))})"
+            )
+        given = op.row if isinstance(op, Upsert) else op.key
+        missing = [c for c in table.key if c not in given]
+        if missing:
+            raise ValueError(
+                f"projection {self.name!r}: a row of {op.table!r} lacks its key column(s) "
+                f"{', '.join(missing)}"
+            )
+        if isinstance(op, Upsert):
+            for column in op.row:
+                if column not in _CHECKED_COLUMNS:
+                    _CHECKED_COLUMNS.add(check_name("column", column))
+            wrong = [c for c in op.add if c not in op.row or c in table.key]
+            if wrong:
+                raise ValueError(
+                    f"projection {self.name!r}: add= names {', '.join(wrong)}, which the "
+                    f"row of {op.table!r} does not set or which are key columns"
+                )

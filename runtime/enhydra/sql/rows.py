@@ -8,8 +8,9 @@ upserts, so the plan has the effect of running the ops one by one, in order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from enhydra.sql.model import Delete, Op, Table
@@ -36,18 +37,39 @@ class Plan:
         return sum(map(len, self.deletes.values())) + sum(map(len, self.upserts.values()))
 
 
+def _key_of(table: Table) -> Callable[[Mapping[str, Any]], Any]:
+    """The key of a row or a delete as one hashable value (a tuple for several columns)."""
+    return itemgetter(*table.key)
+
+
+def _values_of(columns: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple]:
+    """A row's values in `columns` order, always as a tuple."""
+    if len(columns) == 1:
+        (column,) = columns
+        return lambda values: (values[column],)
+    return itemgetter(*columns)
+
+
 def plan(ops: Iterable[Op], tables: Mapping[str, Table]) -> Plan:
-    """The statements that leave the tables as running `ops` one at a time would."""
-    deleted: dict[tuple[str, tuple], bool] = {}  # (table, key) -> deleted in this batch
-    rows: dict[tuple[str, tuple], _Row | None] = {}  # None: deleted, no upsert since
+    """The statements that leave the tables as running `ops` one at a time would.
+
+    It runs per batch over every op: the key and value getters are made once per table and
+    shape, not per row.
+    """
+    deleted: dict[tuple[str, Any], None] = {}  # (table, key) deleted in this batch, in order
+    rows: dict[tuple[str, Any], _Row | None] = {}  # None: deleted, no upsert since
+    keys: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
     for op in ops:
-        table = tables[op.table]
+        name = op.table
+        key_of = keys.get(name)
+        if key_of is None:
+            key_of = keys[name] = _key_of(tables[name])
         if isinstance(op, Delete):
-            ident = (op.table, tuple(op.key[c] for c in table.key))
-            deleted[ident] = True
+            ident = (name, key_of(op.key))
+            deleted[ident] = None
             rows[ident] = None
             continue
-        ident = (op.table, tuple(op.row[c] for c in table.key))
+        ident = (name, key_of(op.row))
         row = rows.get(ident)
         if row is None:
             rows[ident] = _Row(dict(op.row), set(op.add))
@@ -62,13 +84,23 @@ def plan(ops: Iterable[Op], tables: Mapping[str, Table]) -> Plan:
                 else:
                     row.relative.discard(column)
     result = Plan()
-    for (name, key), was_deleted in deleted.items():
-        if was_deleted:
-            result.deletes.setdefault(name, []).append(key)
+    for name, key in deleted:
+        single = len(tables[name].key) == 1
+        result.deletes.setdefault(name, []).append((key,) if single else key)
+    # (table, columns as the row has them, relative columns) -> the shape's getter and rows
+    shapes: dict[tuple, tuple[Callable[[Mapping[str, Any]], tuple], list[tuple]]] = {}
     for (name, _key), row in rows.items():
         if row is None:
             continue
-        columns = tuple(sorted(row.values))
-        shape = (name, columns, tuple(c for c in columns if c in row.relative))
-        result.upserts.setdefault(shape, []).append(tuple(row.values[c] for c in columns))
+        values = row.values
+        probe = (name, tuple(values), tuple(row.relative))
+        known = shapes.get(probe)
+        if known is None:
+            columns = tuple(sorted(values))
+            shape = (name, columns, tuple(c for c in columns if c in row.relative))
+            known = shapes[probe] = (
+                _values_of(columns),
+                result.upserts.setdefault(shape, []),
+            )
+        known[1].append(known[0](values))
     return result

@@ -2,7 +2,8 @@
 
 Two ways to write a plan's upserts, both measured by bench/sql_projection.py:
 `copy` streams the rows into a temporary stage table with COPY, `executemany` inserts them
-there pipelined by psycopg; then one UPDATE and one INSERT per shape merge the stage in.
+there pipelined by psycopg; then one UPDATE and one INSERT per shape merge the stage in
+(one INSERT ... ON CONFLICT for a shape that names every column and adds to none).
 Identifiers come from the projection's declaration, checked by model.check_name, and are
 quoted; values always travel as parameters.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
+from psycopg.types.json import JsonbDumper
 
 from enhydra.sql.model import SqlProjection, Table
 from enhydra.sql.rows import Plan
@@ -23,6 +24,7 @@ from enhydra.sql.rows import Plan
 POSITIONS = "enhydra_sql_positions"
 SCHEMAS = "enhydra_sql_schemas"
 METHODS = ("copy", "executemany")
+_UNKNOWN = frozenset({""})  # a table whose columns were not read: never whole
 
 BOOKKEEPING = (
     f"CREATE TABLE IF NOT EXISTS {POSITIONS} ("
@@ -46,8 +48,14 @@ def _q(name: str) -> str:
     return f'"{name}"'
 
 
-def _value(value: Any) -> Any:
-    return Jsonb(value) if isinstance(value, dict | list) else value
+def _json_cursor(conn: AsyncConnection) -> Any:
+    """A cursor that writes dicts and lists as jsonb: a row's values then go to COPY or
+    executemany as they are, with no Python call per value to wrap them (the connection's own
+    adapters, which write a list as an array, stay as they are)."""
+    cur = conn.cursor()
+    cur.adapters.register_dumper(dict, JsonbDumper)
+    cur.adapters.register_dumper(list, JsonbDumper)
+    return cur
 
 
 async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> bool:
@@ -108,14 +116,24 @@ async def move_positions(
     moves: Mapping[int, tuple[int, int]],
 ) -> None:
     """Move each partition's position from `expected` to `new` (partition -> (expected, new)),
-    or raise PartitionLost: a position another writer moved means the partition is not ours."""
-    for partition, (expected, new) in sorted(moves.items()):
-        cur = await conn.execute(
-            f"UPDATE {POSITIONS} SET next_offset = %s WHERE projection = %s AND topic = %s "
-            "AND partition = %s AND next_offset = %s",
-            (new, projection, topic, partition, expected),
-        )
-        if cur.rowcount != 1:
+    or raise PartitionLost: a position another writer moved means the partition is not ours.
+    One statement for all partitions: one round trip per batch."""
+    ordered = sorted(moves.items())
+    cur = await conn.execute(
+        f"UPDATE {POSITIONS} p SET next_offset = m.new FROM unnest(%s::int[], %s::bigint[], "
+        "%s::bigint[]) AS m(partition, expected, new) WHERE p.projection = %s AND p.topic = %s "
+        "AND p.partition = m.partition AND p.next_offset = m.expected RETURNING p.partition",
+        (
+            [p for p, _ in ordered],
+            [e for _, (e, _) in ordered],
+            [n for _, (_, n) in ordered],
+            projection,
+            topic,
+        ),
+    )
+    moved = {row[0] for row in await cur.fetchall()}
+    for partition, (expected, _) in ordered:
+        if partition not in moved:
             raise PartitionLost(
                 f"projection {projection!r}: partition {partition} of {topic} was moved past "
                 f"offset {expected} by another instance; this one no longer owns it"
@@ -133,30 +151,53 @@ def _set(table: Table, columns: tuple[str, ...], add: tuple[str, ...], source: s
 
 
 def merge_sql(
-    table: Table, columns: tuple[str, ...], add: tuple[str, ...], stage: str
+    table: Table, columns: tuple[str, ...], add: tuple[str, ...], stage: str, whole: bool = False
 ) -> list[str]:
     """Statements that merge a stage's rows into `table`: update the rows that exist, insert
     the others. An INSERT ... ON CONFLICT alone would not do: PostgreSQL checks NOT NULL and
     CHECK constraints on the row to insert before it finds the conflict, so a row naming only
-    some columns could never update a stored one."""
+    some columns could never update a stored one.
+
+    `whole`: the rows name every column of the table and add to none, so the row to insert is
+    the row to store and its checks are the stored row's: one INSERT ... ON CONFLICT does it.
+    """
     t = _q(table.name)
     names = ", ".join(map(_q, columns))
-    same_key = " AND ".join(f"{t}.{_q(c)} = s.{_q(c)}" for c in table.key)
-    updates = _set(table, columns, add, "s")
-    statements = []
-    if updates:
-        statements.append(f"UPDATE {t} SET {', '.join(updates)} FROM {stage} s WHERE {same_key}")
     conflict = ", ".join(map(_q, table.key))
     # Another instance may insert the key meanwhile (a projection writing one row from several
     # partitions): then the insert updates it instead.
     again = _set(table, columns, add, "EXCLUDED")
     action = f"DO UPDATE SET {', '.join(again)}" if again else "DO NOTHING"
+    if whole and not add:
+        upsert = f"INSERT INTO {t} ({names}) SELECT {names} FROM {stage}"
+        return [f"{upsert} ON CONFLICT ({conflict}) {action}"]
+    same_key = " AND ".join(f"{t}.{_q(c)} = s.{_q(c)}" for c in table.key)
+    updates = _set(table, columns, add, "s")
+    statements = []
+    if updates:
+        statements.append(f"UPDATE {t} SET {', '.join(updates)} FROM {stage} s WHERE {same_key}")
     statements.append(
         f"INSERT INTO {t} ({names}) SELECT {names} FROM {stage} s "
         f"WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE {same_key}) "
         f"ON CONFLICT ({conflict}) {action}"
     )
     return statements
+
+
+async def table_columns(conn: AsyncConnection, tables: Iterable[Table]) -> dict[str, frozenset]:
+    """Each table's columns as the database has them now (for merge_sql's `whole`), read once
+    at start. A column added later (with a DEFAULT, as a filled table needs) changes nothing:
+    the insert takes the default, the update leaves the column alone. A row the one-statement
+    upsert refuses is written again event by event, without it (commit.py)."""
+    cur = await conn.execute(
+        "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "WHERE c.oid = ANY(%s::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped",
+        ([_q(t.name) for t in tables],),
+    )
+    columns: dict[str, set[str]] = {}
+    for table, column in await cur.fetchall():
+        columns.setdefault(table, set()).add(column)
+    return {name: frozenset(found) for name, found in columns.items()}
 
 
 def _stage_name(table: str, columns: tuple[str, ...]) -> str:
@@ -195,24 +236,22 @@ async def write_plan(
     *,
     clear: bool = False,
     prepared: bool = False,
+    stored: Mapping[str, frozenset] | None = None,
 ) -> None:
     """Run the plan's deletes, then its upserts, inside the caller's transaction.
 
     Upserts go through a temporary stage table per shape (emptied at commit, or at once with
     `clear` when the transaction writes several plans), filled by COPY or by a pipelined
     executemany, then merged (merge_sql). `prepared`: prepare_stages created them already.
+    `stored` (table_columns): a shape naming all of its table's columns merges in one statement.
     """
-    async with conn.cursor() as cur:
+    async with _json_cursor(conn) as cur:
         for name, keys in plan.deletes.items():
             table = tables[name]
             where = " AND ".join(f"{_q(c)} = %s" for c in table.key)
-            await cur.executemany(
-                f"DELETE FROM {_q(name)} WHERE {where}",
-                [tuple(map(_value, k)) for k in keys],
-            )
-        for (name, columns, add), rows in plan.upserts.items():
+            await cur.executemany(f"DELETE FROM {_q(name)} WHERE {where}", keys)
+        for (name, columns, add), values in plan.upserts.items():
             table = tables[name]
-            values = [tuple(map(_value, row)) for row in rows]
             stage = _stage_name(name, columns)
             names = ", ".join(map(_q, columns))
             if not prepared:
@@ -224,7 +263,8 @@ async def write_plan(
                 async with cur.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
                     for row in values:
                         await copy.write_row(row)
-            for statement in merge_sql(table, columns, add, stage):
+            whole = stored is not None and stored.get(name, _UNKNOWN) <= set(columns)
+            for statement in merge_sql(table, columns, add, stage, whole):
                 await cur.execute(statement)
             if clear:
                 await cur.execute(f"DELETE FROM {stage}")
