@@ -19,20 +19,10 @@ import orjson
 from enhydra.aggregate import Aggregate, Event, InvalidCommand, Rejection
 from enhydra.contracts.codec import Entry, encode_entry, encode_json
 from enhydra.contracts.partitioner import misplaced
+from enhydra.contracts.records import InputRecord
 from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import migrate_state
-
-
-@dataclass(slots=True)
-class InputRecord:
-    """The part of a Kafka record that processing needs."""
-
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int = 0
-    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(slots=True)

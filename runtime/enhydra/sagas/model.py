@@ -56,11 +56,11 @@ import msgspec
 import orjson
 
 from enhydra.contracts.partitioner import partition_for
+from enhydra.contracts.records import InputRecord
 from enhydra.contracts.sizes import record_size
 from enhydra.errors.failure import Failure, Stage
 from enhydra.evolution import TYPE_FIELD
 from enhydra.messages import tag_of
-from enhydra.processing.core import InputRecord
 from enhydra.reactions.model import Emit, Reaction, Upstream, command_id, encode_command
 
 __all__ = [
