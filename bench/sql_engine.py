@@ -4,7 +4,7 @@ run, on one database: a raw COPY of the same rows, and a hand-written consumer l
     .venv/bin/python -m bench.sql_engine [--events 200000] [--batch 2000] [--repeat 3]
                                          [--profile FILE]
 
-Starts its own broker and PostgreSQL (Debian's server, as the tests do: enhydra.sql.testing).
+Starts its own broker and PostgreSQL (Debian's server, as the tests do: enhydra.testing.sql).
 Per round, interleaved, each into a fresh database:
 
 - engine: SqlProjectionEngine folds the events topic (4 partitions, one account row per event:
@@ -53,7 +53,7 @@ from enhydra.settings import Settings
 from enhydra.sql import SqlProjection, Table, Upsert
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.engine import SqlProjectionEngine
-from enhydra.sql.testing import Postgres, find_server_bin
+from enhydra.testing.sql import Postgres, find_server_bin
 
 PARTITIONS = 4
 DDL = "CREATE TABLE {table} (id text PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)"

@@ -25,7 +25,7 @@ from enhydra.spark.job import (
 )
 from enhydra.sql.config import PASSWORD_FILE_VAR, URL_VAR, DatabaseSettings
 from enhydra.sql.engine import SqlProjectionEngine
-from enhydra.sql.testing import database, postgres
+from enhydra.testing.sql import database, postgres
 from tests.sql import accounts
 from tests.sql.accounts import PROJECTION, history, model, produce
 from tests.sql.test_sql_projection import (

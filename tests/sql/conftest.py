@@ -1,5 +1,5 @@
-"""The SQL projection tests' PostgreSQL: the runtime's own fixtures (enhydra.sql.testing)."""
+"""The SQL projection tests' PostgreSQL: the runtime's own fixtures (enhydra.testing.sql)."""
 
-from enhydra.sql.testing import database, postgres
+from enhydra.testing.sql import database, postgres
 
 __all__ = ["database", "postgres"]

@@ -124,7 +124,7 @@ def test_every_part_of_the_table_exists() -> None:
 # What only development needs: behind the `dev-tools` extra (pyproject.toml), never imported by
 # a running service, so a production image installs neither cookiecutter nor the broker's CA
 # tooling. The test kit may start the session broker; nothing else may reach in.
-DEV_TOOLS = ("devtools", "cli.kafka", "cli.image", "cli.new")
+DEV_TOOLS = ("devtools", "cli.kafka", "cli.postgres", "cli.image", "cli.new")
 MAY_USE_DEV_TOOLS = (*DEV_TOOLS, "testing")
 # cli.generate also holds find_project, which every command inside a project uses (cli/project.py):
 # the module imports without the extra, its command needs it.

@@ -7,7 +7,7 @@ package; installed with apt-get when the tests run as root), reached with psycop
 
 from __future__ import annotations
 
-from enhydra.sql.testing import database, fold_rows, postgres
+from enhydra.testing.sql import database, fold_rows, postgres
 
 from {{ package }}.projections.{{ name }} import project, projection
 from {{ package }}.service import service

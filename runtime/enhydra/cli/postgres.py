@@ -58,6 +58,12 @@ def start(port: int | None, data_dir: Path | None, target: str | None, as_env: b
     `database_url=...` and `database_password_file=...` (with --env: ENHYDRA_DATABASE_URL=...).
 
     Its data and password stay in the data dir between runs; `stop` keeps them.
+
+    \b
+    Examples:
+      enhydra postgres start
+      enhydra postgres start --port 15432
+      eval "$(enhydra postgres start --for billing.service:service --env)"
     """
     from enhydra.devtools.postgres import PostgresError
     from enhydra.devtools.postgres import start as start_server
@@ -80,7 +86,12 @@ def start(port: int | None, data_dir: Path | None, target: str | None, as_env: b
 @postgres.command("stop")
 @_data_dir_option
 def stop(data_dir: Path | None) -> None:
-    """Stop the server of the data dir (its data is kept)."""
+    """Stop the server of the data dir (its data is kept).
+
+    \b
+    Example:
+      enhydra postgres stop
+    """
     from enhydra.devtools.postgres import stop as stop_server
 
     stopped = stop_server(data_dir)
@@ -96,7 +107,12 @@ def stop(data_dir: Path | None) -> None:
 @_data_dir_option
 @click.option("--env", "as_env", is_flag=True, help="Print the settings as ENHYDRA_*= lines.")
 def status(data_dir: Path | None, as_env: bool) -> None:
-    """Print the running server's settings; exit 1 if none is running."""
+    """Print the running server's settings; exit 1 if none is running.
+
+    \b
+    Example:
+      enhydra postgres status || enhydra postgres start
+    """
     from enhydra.devtools.postgres import default_data_dir, running
 
     server = running((data_dir or default_data_dir()).absolute())

@@ -1,4 +1,4 @@
-"""A local PostgreSQL from Debian's server programs: the tests' (enhydra.sql.testing) and the
+"""A local PostgreSQL from Debian's server programs: the tests' (enhydra.testing.sql) and the
 one `make run` starts for a service with a SQL projection (`enhydra postgres start`).
 
 The dev server keeps its data in the cache (`$ENHYDRA_POSTGRES_DIR`, else

@@ -1,7 +1,7 @@
 """A real PostgreSQL for tests: Debian's server in a temp folder, started once per session.
 
 Fixtures for a service's tests and this repository's (import them into a conftest.py or a
-test module: `from enhydra.sql.testing import database, postgres`), and `fold_rows`, which
+test module: `from enhydra.testing.sql import database, postgres`), and `fold_rows`, which
 runs a projection's rows through the real write path. initdb and pg_ctl run as the
 `postgres` user when the tests run as root; the server takes a password (scram), handed over
 in a password file as in production. A machine without the server gets it from apt-get when
