@@ -164,8 +164,6 @@ class BatchTrace:
         self.tracing = tracing
         self.name = name
         self.started = time.time_ns()
-        # Few attributes: each costs the SDK about a microsecond per span, and the batch's span
-        # names the topic; the span's name names the aggregate or reaction.
         self.partition = str(partition)
         self.spans: list[Any] = []
         self.unsampled_passes = tracing.follows_parent
@@ -201,10 +199,17 @@ class BatchTrace:
             context = tracing.context_of(parent, state)
         except BadTraceParent:
             return None
-        attributes = {"messaging.destination.partition.id": self.partition}
-        attributes["messaging.kafka.offset"] = offset
+        # Few attributes: with every command sampled, each costs the SDK about a microsecond
+        # per span and the OTLP encoding several more. A decide span has the command id, which
+        # names the command (its events carry it too); a react span, whose upstream event has
+        # none, the event's partition and offset.
         if command_id is not None:
-            attributes["enhydra.command_id"] = command_id
+            attributes: dict[str, Any] = {"enhydra.command_id": command_id}
+        else:
+            attributes = {
+                "messaging.destination.partition.id": self.partition,
+                "messaging.kafka.offset": offset,
+            }
         span = tracing.tracer.start_span(
             self.name, context, SpanKind.CONSUMER, attributes, start_time=self.started
         )
