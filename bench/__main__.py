@@ -54,6 +54,11 @@ OTHERS = {
         ["--rate", "500", "--seconds", "4", "--rounds", "3"],
         ["--rate", "300", "--seconds", "2", "--rounds", "3"],
     ),
+    # the ledger engine with tracing off, 1 % and every command sampled (OpenTelemetry SDK)
+    "tracing_cost.py": (
+        ["--commands", "20000", "--keys", "2000", "--rounds", "3"],
+        ["--commands", "10000", "--keys", "1000", "--rounds", "3"],
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,9 @@ def test_the_running_runtime_is_vendored(project: Path, tmp_path: Path) -> None:
     pyproject = (project / "pyproject.toml").read_text()
     assert f'dependencies = ["enhydra @ {{root:uri}}/vendor/{RUNTIME_WHEEL}"]' in pyproject
     assert "allow-direct-references = true" in pyproject
+    # the tracing extra, off until asked (docs/tracing.md), from the same wheel
+    extras = tomllib.loads(pyproject)["project"]["optional-dependencies"]
+    assert extras["tracing"] == ["enhydra[tracing]"]
     assert "!vendor/*.whl" in (project / ".gitignore").read_text()
 
 
@@ -303,6 +307,7 @@ def test_interactive_new_asks_for_the_requirement_only_with_an_index(
     else:
         assert f'dependencies = ["{requirement}"]' in pyproject
         assert '"enhydra[dev-tools]>=0.1,<0.3"' in pyproject
+        assert 'tracing = ["enhydra[tracing]>=0.1,<0.3"]' in pyproject
 
 
 def test_new_refuses_an_existing_folder(project: Path) -> None:

@@ -86,8 +86,7 @@ def test_a_sampled_command_is_a_span_whose_context_its_events_carry(exporter) ->
     [span] = exporter.get_finished_spans()
     assert span.name == "decide sums" and span.kind is SpanKind.CONSUMER
     assert (span.parent.trace_id, span.parent.span_id) == (0x1234, 0x5678)
-    assert span.attributes["enhydra.command_id"] == "c7"
-    assert span.attributes["messaging.kafka.offset"] == 7
+    assert dict(span.attributes) == {"enhydra.command_id": "c7"}  # one: each costs µs
     [(_, _, headers)] = out.outputs["app-events"]
     assert parse(header(headers, TRACEPARENT_HEADER)) == (0x1234, span.context.span_id, 1)
     assert header(headers, TRACESTATE_HEADER) == b"vendor=x"
@@ -158,6 +157,10 @@ def test_a_reaction_continues_an_events_context_on_its_commands(exporter) -> Non
     out = step(Task(0, DictStore()), [event], {})  # type: ignore[arg-type]
     [span] = exporter.get_finished_spans()
     assert span.name == "react copy" and span.parent.span_id == 0x5678
+    assert dict(span.attributes) == {
+        "messaging.destination.partition.id": "0",
+        "messaging.kafka.offset": 4,
+    }
     [commands] = out.outputs.values()
     assert len(commands) == 2
     for _, _, headers in commands:
@@ -207,6 +210,62 @@ def test_a_batch_the_sampler_leaves_out_exports_nothing() -> None:
             done_at=1.3,
         )
         assert exporter.get_finished_spans() == ()
+
+
+def test_a_batch_the_sampler_leaves_out_does_not_look_at_its_links() -> None:
+    def links():
+        raise AssertionError("the links of an unsampled batch were read")
+        yield
+
+    for exporter in traced(ParentBased(TraceIdRatioBased(0.0))):
+        tracer = tracing.current()
+        assert tracer is not None
+        tracer.record_batch(
+            "sums",
+            topic="app-commands",
+            records=1,
+            partitions=[0],
+            started=1.0,
+            process_s=0.1,
+            sent_at=1.1,
+            published_at=1.2,
+            done_at=1.3,
+            links=links(),
+        )
+        assert exporter.get_finished_spans() == ()
+
+
+def test_a_batch_links_to_no_more_commands_than_the_sdk_keeps(exporter) -> None:
+    tracer = tracing.current()
+    assert tracer is not None and tracer.max_links == 128  # the SDK's default limit
+    contexts = run([command(n, [(TRACEPARENT_HEADER, SAMPLED)]) for n in range(200)]).traced
+    left = iter(contexts)
+    tracer.record_batch(
+        "sums",
+        topic="app-commands",
+        records=200,
+        partitions=[0],
+        started=1.0,
+        process_s=0.1,
+        sent_at=1.1,
+        published_at=1.2,
+        done_at=1.3,
+        links=left,
+    )
+    batch = next(s for s in exporter.get_finished_spans() if s.name == "batch sums")
+    assert [link.context for link in batch.links] == list(contexts[:128])
+    assert len(list(left)) == 72  # never taken: no Link made only to be dropped
+
+
+def test_an_unsampled_context_alone_is_passed_on_in_its_own_headers(exporter) -> None:
+    tracer = tracing.current()
+    assert tracer is not None
+    alone = command(1, [(TRACEPARENT_HEADER, UNSAMPLED)])
+    among = command(2, [(TRACESTATE_HEADER, b"v=1"), (TRACEPARENT_HEADER, UNSAMPLED)])
+    passed, asked = tracer.batch("decide sums", 0).split([alone, among])
+    assert asked == {}
+    assert passed[1] is alone.headers  # no copy for what 99 % of records take at 1 %
+    assert list(passed[2]) == [(TRACEPARENT_HEADER, UNSAMPLED), (TRACESTATE_HEADER, b"v=1")]
 
 
 @pytest.mark.parametrize(

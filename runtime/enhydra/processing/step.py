@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from enhydra import tracing
@@ -42,7 +42,7 @@ RECENT_REJECTIONS = 50
 def event_outputs(
     result: BatchResult,
     version_of: Callable[[Any], tuple[str, bytes]] | None = None,
-    traces: Mapping[int, list[tuple[str, bytes]]] | None = None,
+    traces: Mapping[int, Sequence[tuple[str, bytes]]] | None = None,
 ) -> list[Out]:
     """The batch's events in input order, each with the headers of the contract.
 
@@ -188,7 +188,7 @@ class AggregateStep:
                 (
                     r.key.encode("utf-8") if r.key is not None else None,
                     r.payload,
-                    traces.get(r.offset) if traces else None,
+                    list(traces[r.offset]) if traces and r.offset in traces else None,
                 )
                 for r in result.rejected
             ]
@@ -237,7 +237,7 @@ class AggregateStep:
 
 def _follow(
     traced: BatchTrace, records: list[Any], result: BatchResult
-) -> tuple[dict[int, list[tuple[str, bytes]]], list[Any]]:
+) -> tuple[dict[int, Sequence[tuple[str, bytes]]], list[Any]]:
     """Continue the trace of each command that made events or was rejected (tracing on).
 
     Returns command offset -> the context headers its outputs carry, and the recorded spans.

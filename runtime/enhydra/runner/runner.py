@@ -690,7 +690,7 @@ class TaskRunner:
                 sent_at=flight.sent_at,
                 published_at=flight.published_at,
                 done_at=flight.done_at,
-                links=[c for _, out, _ in landing.work for c in out.traced],
+                links=(c for _, out, _ in landing.work for c in out.traced),  # if sampled
             )
 
     async def _watch(self) -> None:

@@ -6,6 +6,7 @@ asking the SDK, and `enhydra send` can check a TRACEPARENT it was given before s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from enhydra.contracts.headers import TRACEPARENT_HEADER, TRACESTATE_HEADER
@@ -15,6 +16,7 @@ Header = tuple[str, bytes]
 TraceParent = tuple[int, int, int]
 
 _HEX = frozenset(b"0123456789abcdef")
+_VERSION_00 = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 SAMPLED = 0x01  # the one flag W3C defines: the caller may have recorded its span
 
 
@@ -35,6 +37,11 @@ def parse(value: bytes | str) -> TraceParent:
     are ignored, as the W3C asks of readers of an older version. Version ff is invalid.
     """
     raw = value.encode("ascii", "replace") if isinstance(value, str) else value
+    exact = _VERSION_00.fullmatch(raw)  # what every valid context here is: one regex, no split
+    if exact is not None:
+        trace_id, span_id = int(exact[1], 16), int(exact[2], 16)
+        if trace_id and span_id:
+            return trace_id, span_id, int(exact[3], 16)
     parts = raw[:55].split(b"-")
     version = _hex(parts[0], 2) if parts else None
     if len(parts) != 4 or version is None or version == 0xFF:
