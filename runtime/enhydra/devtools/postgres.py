@@ -15,6 +15,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,19 @@ class Postgres:
     """One server in a folder (a temp one in tests, the cache in dev); stop() and start()
     simulate an outage."""
 
-    def __init__(self, bin_dir: Path, root: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        bin_dir: Path,
+        root: Path,
+        port: int | None = None,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
         self.bin = bin_dir
         self.root = root
         self.data = root / "data"
         self.port = port or _free_port()
         self.password_file = root / "password"
+        self.settings = dict(settings or {})  # more server settings (-c name=value): TLS
 
     def init(self, password: str = PASSWORD) -> None:
         pwfile = self.root / "initpw"
@@ -107,6 +115,7 @@ class Postgres:
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=60"
         )
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         subprocess.run(
             _as_postgres(
                 [
