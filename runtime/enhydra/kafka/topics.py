@@ -309,12 +309,31 @@ async def ensure_topics(
     async with open_admin(conn, client_id=client_id) as admin:
         durability = await durability_for(admin, conn)
         try:
+            deadline = time.monotonic() + timeout
             await _ensure(admin, specs, durability, timeout)
-            _report(await check_layout(admin, specs, durability))
+            _report(await _layout_once_known(admin, specs, durability, deadline))
         except KafkaError as exc:
             names = ", ".join(s.name for s in specs)
             raise explain(exc, conn, doing=f"create or describe the topics {names}") from exc
     return durability
+
+
+async def _layout_once_known(
+    admin: Admin, specs: list[TopicSpec], durability: Durability, deadline: float
+) -> list[Finding]:
+    """`check_layout`, asked again while a broker does not know a topic yet.
+
+    On a cluster a topic just created shows in one broker's metadata before another's: the
+    broker that answers DescribeConfigs may say it does not exist for a moment (two instances
+    starting together on a fresh cluster: one created the topics, the other stopped).
+    """
+    while True:
+        try:
+            return await check_layout(admin, specs, durability)
+        except UnknownTopicOrPartitionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
 
 
 def _report(findings: list[Finding]) -> None:
