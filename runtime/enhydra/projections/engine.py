@@ -93,6 +93,23 @@ class ProjectionStep:
         )
 
 
+def read_model_runner(
+    settings: Settings, projection: Any, events_topic: str, plugin: str | None
+) -> dict[str, Any]:
+    """A read model's task runner settings (a RocksDB or a SQL projection): its own group over
+    the events topic, named after the projection, writing no topic of its own."""
+    return {
+        "name": projection.name,
+        "group_id": projection.group_id(settings.app_id),
+        "input_topic": events_topic,
+        "changelog_topic": projection.changelog_topic(settings.app_id),
+        "output_topics": [],
+        "transactional_prefix": f"{settings.app_id}-{projection.name}-task-",
+        "client_id": f"{settings.instance_id}-{projection.name}",
+        "log_fields": {"projection": projection.name, "plugin": plugin},
+    }
+
+
 class ProjectionEngine(TaskRunner):
     """Builds one projection's store from the events topic, for this instance's partitions."""
 
@@ -113,15 +130,8 @@ class ProjectionEngine(TaskRunner):
         self.plugin = plugin
         super().__init__(
             settings,
-            name=projection.name,
-            group_id=projection.group_id(settings.app_id),
-            input_topic=events_topic,
-            changelog_topic=projection.changelog_topic(settings.app_id),
             step=ProjectionStep(projection, transient, aggregate),
-            output_topics=[],
-            transactional_prefix=f"{settings.app_id}-{projection.name}-task-",
-            client_id=f"{settings.instance_id}-{projection.name}",
-            log_fields={"projection": projection.name, "plugin": plugin},
+            **read_model_runner(settings, projection, events_topic, plugin),
         )
 
     def topic_specs(self) -> list[TopicSpec]:

@@ -18,6 +18,7 @@ from enhydra.contracts.headers import EVENT_VERSION_HEADER, header
 from enhydra.contracts.partitioner import partition_for
 from enhydra.evolution import is_unversioned, reader, refuse
 from enhydra.kafka.topics import TopicSpec
+from enhydra.projections.engine import read_model_runner
 from enhydra.runner.batch import StepOutput
 from enhydra.runner.checkpoint import Checkpoint
 from enhydra.runner.runner import TaskRunner
@@ -113,15 +114,8 @@ class SqlProjectionEngine(TaskRunner):
         self.sql: SqlCommit | None = None
         super().__init__(
             settings,
-            name=projection.name,
-            group_id=projection.group_id(settings.app_id),
-            input_topic=events_topic,
-            changelog_topic=projection.changelog_topic(settings.app_id),
             step=SqlStep(projection, transient, aggregate),
-            output_topics=[],
-            transactional_prefix=f"{settings.app_id}-{projection.name}-task-",
-            client_id=f"{settings.instance_id}-{projection.name}",
-            log_fields={"projection": projection.name, "plugin": plugin},
+            **read_model_runner(settings, projection, events_topic, plugin),
         )
 
     def topic_specs(self) -> list[TopicSpec]:
