@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 
 def bindable(port: int) -> bool:

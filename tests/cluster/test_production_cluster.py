@@ -28,7 +28,7 @@ from tests.faults.support import leaders, run
 from tests.integration.ledger_support import feed
 from tests.integration.test_topic_durability import cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 ROLLING_PAUSE = 3.0  # s: a controlled shutdown moves leaders first, so writes barely wait
 # A killed broker keeps leading its partitions until the controller fences it (its session,

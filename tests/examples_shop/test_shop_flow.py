@@ -32,7 +32,7 @@ from tests.examples_shop.conftest import pythonpath
 from tests.examples_shop.model import generate, model
 from tests.integration.ledger_support import produce_in_chunks
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 # name -> (target, store, the services whose events it reacts to)
 SERVICES = {

@@ -16,7 +16,7 @@ import pytest
 
 from tests.faults.support import Scenario, leaders, roles, run, suspend
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 
 def _scenario(kafka, app_id, tmp_path):

@@ -16,7 +16,7 @@ from enhydra.kafka.clients import as_connection, open_producer
 from enhydra.testing.processes import http_get
 from ledger.workload import generate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 
 async def produce_in_transactions(bootstrap: str, topic: str, commands: list, size: int) -> None:

@@ -35,7 +35,7 @@ from enhydra.snapshots.format import open_snapshot
 from enhydra.testing.processes import ServiceProcess, free_port, produce_json, read_topic
 from ledger.workload import generate, model
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 
 TARGET = "ledger.service:service"
 WINDOWS = ("before_cut", "at_request", "after_export", "rebalance")

@@ -29,7 +29,12 @@ from tests.sql.accounts import PROJECTION, history, model, produce
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.timing,
+]
 
 
 def env_for(bootstrap: str, app_id: str, state: Path, **extra: str) -> dict[str, str]:
