@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -43,16 +44,14 @@ __all__ = [
 Project = Callable[[State, Event], State]
 
 
-@dataclass(frozen=True)
-class Projection:
-    """A read model: `project` folds a key's events into its state, queryable as store `name`."""
+class ReadModel:
+    """What every read model (a RocksDB `Projection`, a `SqlProjection`) shares: a checked
+    name and a `project` callable, its own consumer group and its task store's changelog."""
 
     name: str
-    project: Project
-    initial_state: State = None
-    description: str = field(default="", compare=False)
+    project: Callable[..., Any]
 
-    def __post_init__(self) -> None:
+    def _check_name_and_project(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"projection name {self.name!r}: use letters, digits, '-' or '_'")
         if not callable(self.project):
@@ -63,6 +62,19 @@ class Projection:
 
     def changelog_topic(self, app_id: str) -> str:
         return f"{app_id}-{self.name}-changelog"
+
+
+@dataclass(frozen=True)
+class Projection(ReadModel):
+    """A read model: `project` folds a key's events into its state, queryable as store `name`."""
+
+    name: str
+    project: Project
+    initial_state: State = None
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        self._check_name_and_project()
 
 
 @dataclass(slots=True)

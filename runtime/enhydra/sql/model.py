@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from enhydra.projections.model import ReadModel
+
 __all__ = ["Delete", "Op", "SqlProjection", "Table", "Upsert"]
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -77,7 +79,7 @@ Project = Callable[[str, dict], Iterable[Op]]
 
 
 @dataclass(frozen=True)
-class SqlProjection:
+class SqlProjection(ReadModel):  # its task store's changelog stays empty
     """A read model in PostgreSQL: `project` folds events into rows of `tables`.
 
     `version` is the schema's version: the tables are created for it, and a database that
@@ -91,10 +93,7 @@ class SqlProjection:
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"projection name {self.name!r}: use letters, digits, '-' or '_'")
-        if not callable(self.project):
-            raise TypeError(f"projection {self.name!r}: project must be a callable")
+        self._check_name_and_project()
         if not self.tables:
             raise ValueError(f"projection {self.name!r}: declare the tables it writes")
         if self.version < 1:
@@ -110,18 +109,11 @@ class SqlProjection:
         """The tables by name (made once: `check` runs per event)."""
         return self._by_name  # type: ignore[attr-defined]
 
-    def group_id(self, app_id: str) -> str:
-        return f"{app_id}-projection-{self.name}"
-
     @property
     def positions_key(self) -> str:
         """Whose positions these are in the positions table: the name at this version, so a
         rebuild to a new version fences the writers of the old one (their rows disappear)."""
         return f"{self.name}@v{self.version}"
-
-    def changelog_topic(self, app_id: str) -> str:
-        """The runner's changelog for this task's store: a SQL projection never writes to it."""
-        return f"{app_id}-{self.name}-changelog"
 
     def check(self, ops: Iterable[Op]) -> list[Op]:
         """The ops of one event, refused when they touch a table or key this projection lacks."""
