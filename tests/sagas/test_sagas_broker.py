@@ -100,7 +100,10 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
     time.sleep(1)
     stats = saga_stats(shop)
     assert stats["fired"] == len(unpaid) and stats["deadlines_pending"] == 0
-    assert stats["cancelled"] == len(paid) and stats["failures"] == {}
+    # a payment may reach the saga before its order's `placed` (another topic): that order
+    # never gets a deadline, so every deadline scheduled was either cancelled or fired
+    assert stats["scheduled"] == stats["cancelled"] + stats["fired"]
+    assert stats["cancelled"] <= len(paid) and stats["failures"] == {}
     assert set(stats["forwarders"]) == {app_id, payments}
     ids = cancels_in(kafka_bootstrap, f"{app_id}-commands")
     assert sorted(ids) == sorted(f"checkout:{o}:deadline:unpaid:1" for o in unpaid)
