@@ -87,11 +87,13 @@ def test_unpaid_orders_are_cancelled_once_and_paid_ones_never(
     asyncio.run(flow())
     wait_until(lambda: saga_stats(shop).get("fired", 0) >= len(unpaid), 60, "every deadline fired")
 
-    def every_order():
+    def settled():
+        # a fired deadline's cancel is a command the aggregate applies a moment later
         states = read_orders(shop, orders)
-        return states if all(states.values()) else None
+        done = all(states.values()) and all(states[o]["status"] == "cancelled" for o in unpaid)
+        return states if done else None
 
-    states = wait_until(every_order, 30, "every order read")
+    states = wait_until(settled, 30, "every unpaid order cancelled")
     assert {o: s["status"] for o, s in states.items()} == {
         **{o: "placed" for o in paid},
         **{o: "cancelled" for o in unpaid},
