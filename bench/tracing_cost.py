@@ -1,6 +1,6 @@
 """What tracing costs the aggregate engine: off, 1 % of commands sampled, every command sampled.
 
-    .venv/bin/python -m bench.tracing_cost [--commands 100000] [--keys 5000] [--rounds 3]
+    .venv/bin/python -m bench.tracing_cost [--commands 100000] [--keys 5000] [--rounds 3] [--sdk-spans]
 
 On a fresh broker, the ledger's own engine (the task runner with decide/apply, RocksDB, the
 changelog, at-least-once) processes the same commands four ways, interleaved round by round:
@@ -81,6 +81,9 @@ VARIANTS = {
     "1 %": (0.01, True),
     "all": (1.0, True),
 }
+# --sdk-spans: the same sampled runs with the steps' spans made by the SDK's Span (the way
+# before spans.py made them finished), side by side
+SDK_SPANS = " (SDK's Span)"
 
 
 class EncodeOnly(SpanExporter):
@@ -116,10 +119,16 @@ def commands(keys: int, count: int, share: float | None, seed: int) -> list[Reco
 
 
 async def one_run(
-    bootstrap: str, state: Path, name: str, records: list[Record], share: float | None, on: bool
+    bootstrap: str,
+    state: Path,
+    run: str,
+    name: str,
+    records: list[Record],
+    share: float | None,
+    on: bool,
 ) -> tuple[float, float, int]:
     """(commands/s, CPU µs per command, spans exported) of one engine over `records`."""
-    app_id = f"tc-{name}"
+    app_id = f"tc-{run}"
     exporter = EncodeOnly()
     provider = None
     if share is None or not on:
@@ -128,7 +137,10 @@ async def one_run(
         sampler = ParentBased(ALWAYS_ON if share >= 1 else TraceIdRatioBased(share))
         provider = TracerProvider(sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(exporter))
-        tracing.use(Tracing(provider))
+        traced = Tracing(provider)
+        if name.endswith(SDK_SPANS):
+            traced.made = None
+        tracing.use(traced)
     settings = Settings.from_env(
         {},
         app_id=app_id,
@@ -165,21 +177,27 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--sdk-spans", action="store_true", help="also run the sampled ones with the SDK's Span"
+    )
     args = parser.parse_args()
     if args.rounds < 3:
         raise SystemExit("--rounds must be at least 3: the ratios are medians")
+    variants = dict(VARIANTS)
+    if args.sdk_spans:
+        variants.update({f"{n}{SDK_SPANS}": VARIANTS[n] for n in ("1 %", "all")})
     configure_logging(fmt="console", level="warning")  # each run's start and stop would drown it
-    work = {name: commands(args.keys, args.commands, v[0], 28) for name, v in VARIANTS.items()}
-    rate: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    spans: dict[str, list[int]] = {name: [] for name in VARIANTS}
+    work = {name: commands(args.keys, args.commands, v[0], 28) for name, v in variants.items()}
+    rate: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    spans: dict[str, list[int]] = {name: [] for name in variants}
     before = load_average()
     with fresh_broker() as (bootstrap, root), tempfile.TemporaryDirectory(dir=root) as state:
         for round_ in range(args.rounds):
-            for i, (name, (share, on)) in enumerate(VARIANTS.items()):
+            for i, (name, (share, on)) in enumerate(variants.items()):
                 run_name = f"{round_}-{i}"
                 r, c, s = asyncio.run(
-                    one_run(bootstrap, Path(state), run_name, work[name], share, on)
+                    one_run(bootstrap, Path(state), run_name, name, work[name], share, on)
                 )
                 progress(f"round {round_ + 1} {name}: {r:,.0f} commands/s, {c:.1f} µs CPU each")
                 rate[name].append(r)
@@ -190,7 +208,7 @@ def main() -> None:
     print(f"{PARTITIONS} partitions, at-least-once; {machine()}")
     print(f"medians of {args.rounds} interleaved rounds; 1-min load {before} -> {load_average()}")
     rows = []
-    for name in VARIANTS:
+    for name in variants:
         rows.append(
             [
                 name,

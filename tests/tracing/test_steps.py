@@ -135,6 +135,55 @@ def test_a_sampler_that_ignores_the_parent_is_asked_for_every_command() -> None:
         assert parse(header(headers, TRACEPARENT_HEADER))[1:] == (span.context.span_id, 1)
 
 
+def spans_of_both_paths(sampler, records):
+    """The spans a step exports made finished (the default), and made by the SDK's Span."""
+    found = []
+    for made in (True, False):
+        for exporter in traced(sampler):
+            tracer = tracing.current()
+            assert tracer is not None and tracer.made is not None
+            if not made:
+                tracer.made = None
+            out = run(records)
+            found.append((exporter.get_finished_spans(), out))
+    return found
+
+
+@pytest.mark.parametrize("sampler", [None, ALWAYS_ON, ParentBased(TraceIdRatioBased(0.0))])
+def test_a_span_made_finished_is_the_one_the_sdk_makes(sampler) -> None:
+    """The step's spans skip the SDK's Span (23 µs each); what is exported must not differ."""
+    state = (TRACESTATE_HEADER, b"vendor=x")
+    random_flag = format_traceparent(0x1234, 0x5678, 3)  # sampled, random trace id (level 2)
+    records = [
+        command(1, [(TRACEPARENT_HEADER, SAMPLED), state]),
+        command(2, [(TRACEPARENT_HEADER, random_flag)], amount=-1),
+        command(3, [(TRACEPARENT_HEADER, UNSAMPLED)]),
+    ]
+    (made, made_out), (sdk, sdk_out) = spans_of_both_paths(sampler, records)
+    assert len(made) == len(sdk) >= 2
+
+    def shown(span):
+        return (
+            span.name,
+            span.kind,
+            (span.parent.trace_id, span.parent.span_id, span.parent.is_remote),
+            (span.context.trace_id, int(span.context.trace_flags), span.context.is_remote),
+            span.context.trace_state,
+            dict(span.attributes),
+            (span.status.status_code, span.status.description),
+            span.resource.attributes,
+            span.instrumentation_scope,
+            span.start_time <= span.end_time,
+            (span.dropped_attributes, len(span.events), len(span.links)),
+        )
+
+    assert [shown(s) for s in made] == [shown(s) for s in sdk]
+    for spans, out in ((made, made_out), (sdk, sdk_out)):  # events carry the span's context
+        [_, _, first] = out.outputs["app-events"][0]
+        assert parse(header(first, TRACEPARENT_HEADER))[1] == spans[0].context.span_id
+        assert list(out.traced) == [span.context for span in spans]  # the batch links to them
+
+
 def test_off_the_events_carry_only_the_contract_headers() -> None:
     tracing.use(None)
     try:
