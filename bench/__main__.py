@@ -59,6 +59,8 @@ OTHERS = {
         ["--commands", "20000", "--keys", "2000", "--rounds", "3"],
         ["--commands", "10000", "--keys", "1000", "--rounds", "3"],
     ),
+    # the aggregate's step alone: what passing contexts on and the sampled spans cost in it
+    "tracing_step.py": (["--rounds", "9"], ["--commands", "10000", "--rounds", "3"]),
 }
 
 
