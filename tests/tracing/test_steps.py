@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
@@ -182,6 +182,30 @@ def test_a_span_made_finished_is_the_one_the_sdk_makes(sampler) -> None:
         [_, _, first] = out.outputs["app-events"][0]
         assert parse(header(first, TRACEPARENT_HEADER))[1] == spans[0].context.span_id
         assert list(out.traced) == [span.context for span in spans]  # the batch links to them
+
+
+@pytest.mark.parametrize(
+    "limits", [SpanLimits(max_span_attribute_length=4), SpanLimits(max_span_attributes=0)]
+)
+def test_a_span_made_finished_keeps_the_sdks_attribute_limits(limits) -> None:
+    records = [command(123456, [(TRACEPARENT_HEADER, SAMPLED)])]
+    found = []
+    for made in (True, False):
+        spans = InMemorySpanExporter()
+        provider = TracerProvider(span_limits=limits)
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        traced = Tracing(provider)
+        if not made:
+            traced.made = None
+        tracing.use(traced)
+        try:
+            run(records)
+        finally:
+            tracing.reset()
+        [span] = spans.get_finished_spans()
+        found.append((dict(span.attributes), span.dropped_attributes))
+    assert found[0] == found[1]
+    assert found[0] in (({"enhydra.command_id": "c123"}, 0), ({}, 1))
 
 
 def test_off_the_events_carry_only_the_contract_headers() -> None:

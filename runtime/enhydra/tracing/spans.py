@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -324,7 +325,7 @@ class _SpanParts:
     moved them (then the steps use the SDK's spans).
     """
 
-    __slots__ = ("enabled", "ids", "processor", "resource", "sampler", "scope")
+    __slots__ = ("enabled", "ids", "limits", "processor", "resource", "sampler", "scope")
 
     def __init__(self, tracer: Any) -> None:
         self.sampler = tracer.sampler
@@ -332,6 +333,11 @@ class _SpanParts:
         self.processor = tracer.span_processor
         self.resource = tracer.resource
         self.scope = tracer._instrumentation_scope
+        limits = tracer._span_limits
+        # the SDK bounds a span's attributes (OTEL_SPAN_ATTRIBUTE_*_LIMIT); a step's span has
+        # one or two, so only a value length limit, or a count below two, can change them
+        short = limits.max_span_attributes is not None and limits.max_span_attributes < 2
+        self.limits = limits if short or limits.max_span_attribute_length is not None else None
         # the SDK's tracer configurator may turn a tracer off (its spans then non-recording)
         self.enabled = getattr(tracer, "_is_enabled", lambda: True)
 
@@ -363,7 +369,16 @@ class _SpanParts:
         )
         if not decision.is_recording():
             return span_context, None
-        return span_context, dict(result.attributes) if result.attributes else {}
+        kept = dict(result.attributes) if result.attributes else {}
+        if self.limits is not None:
+            limits = self.limits
+            kept = BoundedAttributes(
+                limits.max_span_attributes,
+                kept,
+                immutable=False,
+                max_value_len=limits.max_span_attribute_length,
+            )
+        return span_context, kept
 
     def end(
         self,
