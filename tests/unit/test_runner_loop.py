@@ -396,3 +396,50 @@ async def test_a_transient_commit_failure_is_retried(settings: Settings) -> None
     await runner._commit_offsets({TopicPartition(INPUT, 0): 3})
     assert len(calls) == 2
     runner.registry.close_all()
+
+
+async def test_a_batch_is_committed_through_a_transaction_marker_past_its_last_record(
+    settings: Settings,
+) -> None:
+    """An input written under exactly-once ends each transaction with a commit marker: an offset
+    with no record, which the consumer goes over. A batch that handled every record fetched is
+    committed through it (the consumer's position), as Kafka Streams does; before, the group's
+    committed offset stayed one short of the end, and every outside lag monitor read 1."""
+    runner, _ = await running(settings, {0, 1})
+    first, second = TopicPartition(INPUT, 0), TopicPartition(INPUT, 1)
+    # partition 0: records 0..9 then the marker at 10; partition 1: no marker after 4
+    await runner._process(
+        {first: records(range(0, 10)), second: records(range(0, 5))}, {first: 11, second: 5}
+    )
+    await runner._land()
+    await runner._checkpoint.commit()
+    assert runner._consumer.committed == {first: 11, second: 5}
+    assert stored(runner, 0) == (10, b"9") and stored(runner, 1) == (4, b"4")
+    assert runner.stats["processed"] == 15  # the marker is not a record
+    runner._consumer.highwaters = {first: 11, second: 5}
+    assert runner.input_lag() == {0: 0, 1: 0}
+    runner.registry.close_all()
+
+
+async def test_a_batch_not_handled_to_its_end_is_not_committed_past_its_last_record(
+    settings: Settings,
+) -> None:
+    """Only a step that handled every record fetched moves past what follows them: a transient
+    error stops it at a record (the rest is read again), and records past a snapshot's cut are
+    held back; either way the commit stays at the last record handled."""
+    runner, _ = await running(settings, {0})
+    tp = TopicPartition(INPUT, 0)
+
+    class Interrupted(Step):
+        def __call__(self, task, records, give_up) -> StepOutput:
+            out = super().__call__(task, records[:3], give_up)
+            out.interrupted = (records[3].offset, KafkaTimeoutError("later"))
+            return out
+
+    runner.step = Interrupted()
+    await runner._process({tp: records(range(0, 6))}, {tp: 7})
+    await runner._land()
+    await runner._checkpoint.commit()
+    assert runner._consumer.committed == {tp: 3}
+    assert stored(runner, 0) == (2, b"2")
+    runner.registry.close_all()

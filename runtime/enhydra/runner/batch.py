@@ -47,7 +47,9 @@ class PartitionWrite:
     partition: int
     outputs: Mapping[Target, list[Out]]  # records, published before the changelog
     puts: list[Put]
-    last_offset: int  # the last input record handled; -1 when none was
+    # The last input offset handled: the last record, or past it a transaction marker or an
+    # aborted record the consumer went over (runner._process); -1 when none was.
+    last_offset: int
     rows: Any = None  # StepOutput.rows, for a commit unit of another kind
 
 

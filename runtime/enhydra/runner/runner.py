@@ -500,11 +500,12 @@ class TaskRunner:
                 batch = await self._consumer.getmany(
                     timeout_ms=100, max_records=self.settings.max_batch_records
                 )
+                positions = self._positions_after(batch)  # before anything can seek
                 if self._timed:
                     batch = self._with_due(batch)
                 if batch:
                     async with self._lock:
-                        await self._process(batch)
+                        await self._process(batch, positions)
                 if self._stalled:
                     async with self._lock:
                         await self._land()  # flights in the air stop at the guard, are dropped
@@ -547,7 +548,33 @@ class TaskRunner:
             batch.setdefault(TopicPartition(self.input_topic, task.partition), [])
         return batch
 
-    async def _process(self, batch: dict[TopicPartition, list]) -> None:
+    def _positions_after(self, batch: dict[TopicPartition, list]) -> dict[TopicPartition, int]:
+        """Where the consumer stands on each partition it just returned records of.
+
+        Past the last record when the fetch also went over what has no record to return (a
+        transaction's commit marker, aborted records): see `_process`.
+        """
+        consumer = self._consumer
+        found = {}
+        for tp, fetched in batch.items():
+            if fetched and (position := fetch_position(consumer, tp)) is not None:
+                found[tp] = position
+        return found
+
+    async def _process(
+        self,
+        batch: dict[TopicPartition, list],
+        positions: Mapping[TopicPartition, int] | None = None,
+    ) -> None:
+        """Step each partition's records and start making the batch durable.
+
+        `positions`: the consumer's position on each partition right after the fetch. When the
+        step handled every record fetched and the position is further on, what lies between is
+        no record (an input written under exactly-once ends each transaction with a marker), and
+        the batch is committed through it, as Kafka Streams commits the consumer's position:
+        otherwise the group's committed offset stays one short of the end for good, and every
+        lag monitor outside reads an idle service as one record behind.
+        """
         for tp, fetched in batch.items():
             if fetched:  # what the consumer returned: in hand until processed (input_lag)
                 self._received[tp.partition] = fetched[-1].offset
@@ -564,7 +591,9 @@ class TaskRunner:
         work: list[tuple[Task, StepOutput, int]] = []
         stamps: list[int] = []
         busy = 0.0
+        through: dict[int, int] = {}  # partition -> a marker's offset past its last record
         for tp, records in batch.items():
+            fetched = records
             task = self.registry.tasks.get(tp.partition)
             floor = self._resumed_at.get(tp.partition, -1)
             if task is None or not task.serving:
@@ -598,6 +627,16 @@ class TaskRunner:
             busy += time.perf_counter() - started
             if out.interrupted is None:
                 stamps += [r.timestamp for r in records]
+                position = positions.get(tp) if positions else None
+                if (
+                    position is not None
+                    and records
+                    and records[-1] is fetched[-1]  # nothing filtered out at the end
+                    and not self.cuts.pending  # a snapshot's cut stops at its own offset
+                    and out.last_offset == fetched[-1].offset
+                    and position > out.last_offset + 1
+                ):
+                    through[tp.partition] = position - 1
             else:
                 self._retry_later(tp, *out.interrupted)
                 stamps += [r.timestamp for r in records if r.offset <= out.last_offset]
@@ -607,7 +646,9 @@ class TaskRunner:
         if not work:
             return
         writes = [
-            PartitionWrite(t.partition, o.outputs, o.puts, o.last_offset, o.rows)
+            PartitionWrite(
+                t.partition, o.outputs, o.puts, through.get(t.partition, o.last_offset), o.rows
+            )
             for t, o, _ in work
         ]
         stores = {task.partition: task.store for task, _, _ in work}
