@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,10 +24,17 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
+from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.snapshots import open_snapshot
+from enhydra.sql.config import PASSWORD_FILE_VAR, URL_VAR, DatabaseSettings
 from enhydra.testing.processes import free_port, http_get, produce_json, wait_for_committed
+from enhydra.testing.sql import database, postgres
 from enhydra.toolcache import cache_root, file_lock
 from ledger.workload import generate, model
+from tests.sql import accounts
+from tests.sql.test_sql_projection import table
+
+__all__ = ["database", "postgres"]
 
 pytestmark = [
     pytest.mark.spark,
@@ -38,11 +46,16 @@ pytestmark = [
 LEDGER = Path(__file__).resolve().parents[2] / "examples" / "ledger"
 WORKER_PACKAGES = (f"pyspark=={pyspark.__version__}", "pyarrow", "orjson")
 NOT_ON_WORKERS = ("enhydra", "ledger", "faust", "aiokafka", "rocksdict", "structlog")
+SQL_WORKER_PACKAGE = "psycopg[binary]>=3.2,<4"  # what a SQL backfill's executors need besides
 
 
-def worker_python() -> Path:
-    """A venv with only pyspark, pyarrow and orjson (made once, then reused from the cache)."""
+def worker_python(extra: tuple[str, ...] = ()) -> Path:
+    """A venv with only pyspark, pyarrow and orjson, and `extra` (made once, then reused from
+    the cache)."""
     version = f"py{sys.version_info.major}.{sys.version_info.minor}-spark{pyspark.__version__}"
+    if extra:
+        version += "-" + "-".join(re.sub(r"[^a-z0-9]+", "", p.split("[")[0]) for p in extra)
+    packages = (*WORKER_PACKAGES, *extra)
     home = cache_root() / f"spark-worker-python-{version}"
     python = home / "bin" / "python"
     with file_lock(cache_root() / f".spark-worker-python-{version}.lock"):
@@ -50,11 +63,11 @@ def worker_python() -> Path:
             # a venv made from this venv's interpreter gets the base Python, none of our packages
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)
             subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", *WORKER_PACKAGES],
+                [str(python), "-m", "pip", "install", "--quiet", *packages],
                 check=True,
                 timeout=600,
             )
-            (home / "complete").write_text("\n".join(WORKER_PACKAGES) + "\n")
+            (home / "complete").write_text("\n".join(packages) + "\n")
     return python
 
 
@@ -166,7 +179,9 @@ def test_the_backfill_runs_on_workers_with_only_pyspark_pyarrow_and_orjson(
     service = service_factory("ledger.service:service", cwd=LEDGER)
     python = worker_python()
     for module in NOT_ON_WORKERS:  # the workers' Python really is bare
-        probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
+        probe = subprocess.run(
+            [str(python), "-c", f"import {module}"], capture_output=True, env=clean_env()
+        )
         assert probe.returncode != 0, f"{module} is importable on the workers"
     service.wait_ready()
     commands = generate(300, 3000, seed=41)
@@ -217,3 +232,73 @@ def test_the_backfill_runs_on_workers_with_only_pyspark_pyarrow_and_orjson(
         seen.add(app)
         per_worker = cluster.fold_tasks_per_worker(app)
         assert sum(per_worker) == 4 and min(per_worker) > 0, f"{method}: {per_worker}"
+
+
+def test_a_sql_projection_backfills_on_workers_with_psycopg_and_no_runtime(
+    cluster: StandaloneCluster,
+    kafka_bootstrap: str,
+    app_id: str,
+    tmp_path: Path,
+    database: DatabaseSettings,
+) -> None:
+    """`enhydra backfill --sql-projection` on the cluster: the executors fold with the
+    projection's own step and write its rows, with psycopg their only package beyond the bare
+    workers' (the step once came from the runner's module: "No module named 'aiokafka'")."""
+    python = worker_python(extra=(SQL_WORKER_PACKAGE,))
+    for module in NOT_ON_WORKERS:
+        probe = subprocess.run(
+            [str(python), "-c", f"import {module}"], capture_output=True, env=clean_env()
+        )
+        assert probe.returncode != 0, f"{module} is importable on the workers"
+    # a project's layout (the generators'): the projection and the aggregate's functions in
+    # modules of their own, `Service(...)` in service.py, which the executors never import
+    package = tmp_path / "sqlshop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = Path(accounts.__file__).read_text()
+    reads, _, _ = source.partition("# A service with the accounts SQL projection")
+    reads = reads.replace("from enhydra import Aggregate, Service\n", "")
+    assert "Service" not in reads
+    (package / "reads.py").write_text(reads)
+    (package / "service.py").write_text(
+        "from enhydra import Aggregate, Service\n"
+        "from sqlshop.reads import PROJECTION, _apply, _decide\n"
+        "SERVICE = Service('sql-accounts', Aggregate('ledger', _decide, _apply),"
+        " projections=[PROJECTION])\n"
+    )
+    topic = f"{app_id}-events"
+    events = accounts.history(60, 10, seed=31, bad=2)
+
+    async def produce() -> None:
+        await ensure_topics(kafka_bootstrap, [TopicSpec(topic, 4, history=True)])
+        await accounts.produce(kafka_bootstrap, topic, events)
+
+    asyncio.run(produce())
+    cluster.wait_for_workers()
+    args = (
+        f"backfill sqlshop.service:SERVICE --sql-projection accounts --master {cluster.master} "
+        f"--bootstrap {kafka_bootstrap} --app {app_id} --method kafka "
+        "--conf spark.cores.max=2 --conf spark.executor.memory=512m "
+        "--conf spark.scheduler.minRegisteredResourcesRatio=1.0"
+    ).split()
+    job = subprocess.run(
+        [sys.executable, "-m", "enhydra.cli.main", *args],
+        cwd=tmp_path,  # the driver imports sqlshop from here; executors from the shipped zip
+        env={
+            **os.environ,
+            "PYTHONPATH": str(tmp_path),
+            "PYSPARK_PYTHON": str(python),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "ENHYDRA_PARTITIONS": "4",
+            URL_VAR: database.url,
+            PASSWORD_FILE_VAR: str(database.password_file),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-6000:]
+    assert asyncio.run(table(database)) == accounts.model(events)
+    [app] = cluster.applications()
+    assert sum(cluster.fold_tasks_per_worker(app)) == 4  # the four partitions, on the workers

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from enhydra.spark.ship import EXECUTOR_MODULES, READER_MODULES
+from enhydra.spark.ship import EXECUTOR_MODULES, READER_MODULES, SQL_MODULES
 
 RUNTIME_ONLY = ("faust", "aiokafka", "rocksdict", "structlog", "aiohttp", "mode")
 
@@ -49,6 +49,31 @@ def test_a_shipped_module_imports_without_the_runtime(module: str) -> None:
 def test_the_python_readers_modules_need_aiokafka_only(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert not set(loaded) & (set(RUNTIME_ONLY) - {"aiokafka"}), loaded
+
+
+@pytest.mark.parametrize("module", SQL_MODULES)
+def test_a_sql_backfills_modules_need_psycopg_only(module: str) -> None:
+    """The executors of a backfill into PostgreSQL fold with the projection's step and write
+    with the writer: with the runner imported (it once was, through sql.engine), a worker
+    without the whole runtime failed with "No module named 'faust'"."""
+    loaded = loaded_after(f"import {module}")
+    assert not set(loaded) & set(RUNTIME_ONLY), loaded
+
+
+def test_a_sql_projection_step_unpickles_without_the_runtime() -> None:
+    """What the executors receive: the pickled step, its class imported by its module name."""
+    code = (
+        "import pickle\n"
+        "from enhydra.sql.fold import SqlStep\n"
+        "from enhydra.sql.model import SqlProjection, Table\n"
+        "def project(key, event): return []\n"
+        "table = Table('t', ('k',), 'CREATE TABLE {table} (k text primary key)')\n"
+        "p = SqlProjection('t', project, (table,))\n"
+        "step = pickle.loads(pickle.dumps(SqlStep(p)))\n"
+        "assert step(None, [], {}).rows == []\n"
+    )
+    loaded = loaded_after(code)
+    assert not set(loaded) & {*RUNTIME_ONLY, "psycopg"}, loaded
 
 
 def test_a_service_domain_module_imports_without_the_runtime() -> None:

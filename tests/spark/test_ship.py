@@ -45,6 +45,13 @@ def test_an_extended_aggregate_ships_the_packages_of_its_handlers() -> None:
     assert service_packages(extend(accounts, handler)) == ["ledger", "tests"]
 
 
+def test_a_sql_projection_in_another_package_is_shipped_with_the_service() -> None:
+    """The SQL backfill's executors unpickle the projection's `project`, which may live
+    outside the aggregate's package (here: `tests`)."""
+    assert service_packages(accounts, also=(audit_decide,)) == ["ledger", "tests"]
+    assert "tests/spark/test_ship.py" in names(job_archive(accounts, also=(audit_decide,))[0])
+
+
 def audit_decide(state, command):  # in this test module: the top-level package `tests`
     return [{"type": "audited"}]
 

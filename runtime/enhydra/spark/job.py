@@ -433,15 +433,14 @@ def _fill_sql(spark: Any, plan: BackfillPlan, result: BackfillResult) -> None:
     import psycopg
 
     from enhydra.spark.sql_sink import fill_tables
-    from enhydra.sql.engine import SqlStep
+    from enhydra.sql.fold import SqlStep
     from enhydra.sql.rebuild import Rebuild, RebuildError
 
     sql = plan.sql
     assert sql is not None
     topic = plan.bound.events_topic
     if result.layout is None:  # the state's fold did not ship the code already
-        local = is_local(spark.sparkContext.master)
-        ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
+        _ship(spark, plan)
     job = Rebuild(sql.settings, sql.database, sql.projection, topic, aggregate=plan.bound.aggregate)
     step = SqlStep(sql.projection, aggregate=plan.bound.aggregate)
     stage = time.monotonic()
@@ -475,6 +474,14 @@ def _fill_sql(spark: Any, plan: BackfillPlan, result: BackfillResult) -> None:
     log.info("sql projection backfilled and swapped in", **result.sql, **_rate(job.folded, stage))
 
 
+def _ship(spark: Any, plan: BackfillPlan) -> None:
+    """The job's code to the executors, once: the service's packages, and the SQL projection's
+    (its `project` may live in another package than the aggregate)."""
+    local = is_local(spark.sparkContext.master)
+    also = (plan.sql.projection.project,) if plan.sql is not None else ()
+    ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka", also=also)
+
+
 async def _live_schema(database: Any) -> str:
     from psycopg import AsyncConnection
 
@@ -491,8 +498,7 @@ def _fold_state(spark: Any, plan: BackfillPlan) -> BackfillResult:
         ranges, spark_cores(spark), shuffle=plan.shuffle, tasks=plan.tasks, fold=plan.fold
     )
     result = BackfillResult(plan.app_id, bound.events_topic, ranges, events=total, layout=layout)
-    local = is_local(spark.sparkContext.master)
-    ship(spark, plan.info.aggregate, python_reader=not local and plan.method != "kafka")
+    _ship(spark, plan)
     log.info(
         "backfill started",
         app_id=plan.app_id,

@@ -20,7 +20,8 @@ it with `SparkContext.addPyFile` (what `spark-submit --py-files` does), on every
   that imports no more (the template's domain.py, handlers included), while a one-module
   service (`Service(...)` beside apply) needs the runtime installed on the workers, as on
   local[N]. The Kafka access layer (`READER_MODULES`) is
-  imported by the Python reader only.
+  imported by the Python reader only; a backfill into a SQL projection's tables imports
+  `SQL_MODULES` too, which need psycopg (and only that) on the workers.
 
 Why a zip of sources and not an environment archive (venv-pack, conda-pack): these are pure
 Python and weigh ~330 kB, while an environment holds the whole runtime (faust, RocksDB,
@@ -88,6 +89,16 @@ READER_MODULES = (
     "enhydra.kafka.reading",
     "enhydra.kafka.spark_options",
 )
+# Enhydra modules a backfill into a SQL projection's tables imports on executors besides the
+# executor modules: the fold and the writer (they need psycopg, which such workers install).
+SQL_MODULES = (
+    "enhydra.sql",
+    "enhydra.sql.fold",
+    "enhydra.sql.model",
+    "enhydra.sql.rows",
+    "enhydra.sql.writer",
+    "enhydra.spark.sql_sink",
+)
 # aiokafka and what it imports, for workers without it (pure-Python sources only)
 READER_PACKAGES = ("aiokafka", "async_timeout", "packaging", "typing_extensions")
 READER_ARCHIVE = "enhydra-python-reader"  # + "-<hash>.zip"
@@ -151,10 +162,17 @@ def _components(fn: Any) -> Iterable[Any]:
         yield from _components(wrapped)
 
 
-def service_packages(aggregate: Aggregate) -> list[str]:
-    """Top-level packages the aggregate's functions come from (what executors unpickle)."""
+def service_packages(aggregate: Aggregate, also: Iterable[Any] = ()) -> list[str]:
+    """Top-level packages the aggregate's functions come from (what executors unpickle), and
+    those of the functions `also` names (a SQL projection's `project`, wherever it lives)."""
     found = []
-    functions = (aggregate.apply, aggregate.decide, aggregate.parse, *aggregate.upcasters.values())
+    functions = (
+        aggregate.apply,
+        aggregate.decide,
+        aggregate.parse,
+        *aggregate.upcasters.values(),
+        *also,
+    )
     for fn in (part for top in functions for part in _components(top)):
         module = getattr(fn, "__module__", None)
         if not module:
@@ -221,9 +239,9 @@ def _write(data: bytes, stem: str) -> Path:
     return path
 
 
-def job_archive(aggregate: Aggregate) -> tuple[Path, list[str]]:
+def job_archive(aggregate: Aggregate, also: Iterable[Any] = ()) -> tuple[Path, list[str]]:
     """The zip executors import the job from, and the service packages in it."""
-    packages = service_packages(aggregate)
+    packages = service_packages(aggregate, also)
     entries = _enhydra_files()
     for name in packages:
         entries += _module_files(sys.modules[name])
@@ -248,13 +266,16 @@ def reader_archive() -> Path:
     return _write(_zip(entries), READER_ARCHIVE)
 
 
-def ship(spark: Any, aggregate: Aggregate, *, python_reader: bool) -> list[str]:
+def ship(
+    spark: Any, aggregate: Aggregate, *, python_reader: bool, also: Iterable[Any] = ()
+) -> list[str]:
     """Add the job's code to the SparkContext (before any plan that runs it is built).
 
-    Returns the service packages shipped. `python_reader` also sends aiokafka along.
+    Returns the service packages shipped. `python_reader` also sends aiokafka along; `also`:
+    more functions the executors run (their packages are shipped too).
     """
     sc = spark.sparkContext
-    path, packages = job_archive(aggregate)
+    path, packages = job_archive(aggregate, also)
     sc.addPyFile(str(path))
     size = path.stat().st_size
     if python_reader:

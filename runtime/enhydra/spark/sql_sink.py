@@ -5,7 +5,7 @@ PostgreSQL, then the rebuild's swap (enhydra.sql.rebuild: one place for it).
       filler: Spark reads [position, target) of each events partition, one task per
               partition in offset order; each task folds batches of events with the
               projection's SqlStep and writes each batch's rows with its partition's
-              position in one transaction (rebuild.write_batch)
+              position in one transaction (writer.write_batch)
     then the rebuild catches up what the live writers folded meanwhile and swaps, so the live
     projection resumes exactly after the positions the backfill stored.
 
@@ -24,7 +24,7 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from enhydra.sql.config import DatabaseSettings
-    from enhydra.sql.engine import SqlStep
+    from enhydra.sql.fold import SqlStep
 
 BATCH_EVENTS = 5000
 RESULT_DDL = "partition int, events long, refused long"
@@ -86,7 +86,6 @@ class SqlRows:
         from psycopg import AsyncConnection, sql
 
         from enhydra.sql import writer
-        from enhydra.sql.rebuild import write_batch
 
         counts: dict[int, list[int]] = {}
         async with await AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
@@ -103,7 +102,7 @@ class SqlRows:
                 if new <= start:
                     return
                 out = self.step(None, records, {})  # type: ignore[arg-type]
-                refused = await write_batch(
+                refused = await writer.write_batch(
                     conn,
                     self.step.projection,
                     self.key,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -46,25 +45,19 @@ from enhydra.runner.checkpoint import (
 from enhydra.settings import Settings
 from enhydra.sql import writer
 from enhydra.sql.config import DatabaseSettings
-from enhydra.sql.model import Op, SqlProjection
+from enhydra.sql.fold import EventRows
+from enhydra.sql.model import SqlProjection
 from enhydra.sql.rows import plan
+from enhydra.sql.writer import ROW_ERRORS, first_line
 from enhydra.stores.partition import PartitionStore
 
 log = get_logger("enhydra.sql")
 
-# Errors of one row's data: the event goes to the DLQ. Others that are not "unavailable" stop.
-ROW_ERRORS = (psycopg.errors.IntegrityError, psycopg.errors.DataError)
-# The database is unreachable or rolled us back (deadlock, serialization): try again.
+# Errors of one row's data (writer.ROW_ERRORS): the event goes to the DLQ. Others that are not
+# "unavailable" stop. Unavailable: the database is unreachable or rolled us back (deadlock,
+# serialization): try again.
 UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 BACKOFF_S = (0.2, 5.0)  # first and largest wait between two attempts
-
-
-@dataclass(slots=True)
-class EventRows:
-    """One event and the rows its `project` returned (what the step hands the commit unit)."""
-
-    record: Any  # the Kafka record: offset, key, value, timestamp, headers
-    ops: list[Op]
 
 
 class SqlCommit:
@@ -173,7 +166,7 @@ class SqlCommit:
                     result = await call(conn)
             except UNAVAILABLE as exc:
                 self.stats["db_retries"] += 1
-                reason = f"database unavailable: {error_class(exc)}: {_first_line(exc)}"
+                reason = f"database unavailable: {error_class(exc)}: {first_line(exc)}"
                 if since is None:
                     since = time.monotonic()
                     log.warning(
@@ -299,7 +292,7 @@ class _Attempt:
             log.warning(
                 "a row was refused; writing the batch one event at a time",
                 projection=name,
-                error=f"{error_class(exc)}: {_first_line(exc)}",
+                error=f"{error_class(exc)}: {first_line(exc)}",
             )
         await self._one_by_one(conn)
 
@@ -342,13 +335,9 @@ class _Attempt:
                         projection=unit.projection.name,
                         partition=partition,
                         offset=record.offset,
-                        error=f"{error_class(exc)}: {_first_line(exc)}",
+                        error=f"{error_class(exc)}: {first_line(exc)}",
                     )
                 await unit.dead_letter(partition, failures)
         unit.stats["rows"] += rows
         unit.stats["transactions"] += 1
         unit.stats["dead_lettered"] += sum(map(len, failed.values()))
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).splitlines() or [""])[0][:300]

@@ -8,85 +8,19 @@ runner's lags, watchdog and status read as for any other task.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from enhydra.aggregate import Aggregate
-from enhydra.contracts.headers import EVENT_VERSION_HEADER, header
 from enhydra.contracts.partitioner import partition_for
-from enhydra.evolution import is_unversioned, reader, refuse
 from enhydra.kafka.topics import TopicSpec
 from enhydra.projections.engine import read_model_runner
-from enhydra.runner.batch import StepOutput
 from enhydra.runner.checkpoint import Checkpoint
 from enhydra.runner.runner import TaskRunner
-from enhydra.runner.tasks import Task
 from enhydra.settings import Settings
-from enhydra.sql.commit import EventRows, SqlCommit
+from enhydra.sql.commit import SqlCommit
 from enhydra.sql.config import DatabaseSettings
+from enhydra.sql.fold import SqlStep
 from enhydra.sql.model import SqlProjection
-
-
-class SqlStep:
-    """`project` over one partition's events: the rows each event changes (pure)."""
-
-    counters = ("ignored", "events")
-    # The step reads no state, so nothing it reads can be unpersisted: the runner computes
-    # the next batch while the previous one's transaction flies (positions stay exact: each
-    # transaction moves them from where the one before left them; commit.py).
-    reads_unpersisted = True
-
-    def __init__(
-        self,
-        projection: SqlProjection,
-        transient: tuple[type[BaseException], ...] = (),
-        aggregate: Aggregate | None = None,
-    ) -> None:
-        self.projection = projection
-        self.transient = transient
-        self.read = reader(aggregate) if aggregate is not None else None
-
-    def new_cache(self) -> None:
-        return None
-
-    def __call__(self, task: Task, records: list[Any], give_up: Mapping[int, int]) -> StepOutput:
-        project, check, read = self.projection.project, self.projection.check, self.read
-        loads, transient = orjson.loads, self.transient
-        rows: list[EventRows] = []
-        append = rows.append
-        ignored = 0
-        last = -1
-        interrupted = None
-        for record in records:
-            last = record.offset
-            event = loads(record.value) if record.key and record.value else None
-            if type(event) is not dict:
-                ignored += 1  # nothing to fold: no key, or not a JSON object
-                continue
-            headers = record.headers
-            version = header(headers, EVENT_VERSION_HEADER) if headers else None
-            if read is not None:
-                event = read(event, version)
-            elif not is_unversioned(version):
-                raise refuse(event, version)
-            try:
-                ops = check(project(record.key.decode("utf-8", "replace"), event))
-            except transient as exc:
-                if record.offset in give_up:
-                    raise
-                interrupted, last = (record.offset, exc), record.offset - 1
-                break
-            append(EventRows(record, ops))
-        return StepOutput(
-            outputs={},
-            puts=[],
-            last_offset=last,
-            counts={"ignored": ignored, "events": len(rows)},
-            interrupted=interrupted,
-            rows=rows,
-        )
 
 
 class SqlProjectionEngine(TaskRunner):

@@ -1,6 +1,6 @@
 """Rebuild a SQL projection into new tables while the live ones serve, then swap them in.
 
-The rebuild folds the events topic with the projection's own `project` (engine.SqlStep) into
+The rebuild folds the events topic with the projection's own `project` (fold.SqlStep) into
 the same tables created in a schema of its own (`enhydra_rebuild_<name>`), one transaction per
 batch with its positions (key `<name>@v<version>~rebuild`): stopped at any point, it resumes
 where it stopped. The swap is one transaction:
@@ -32,11 +32,10 @@ from enhydra.kafka.reading import partitions_of
 from enhydra.logs import get_logger
 from enhydra.settings import Settings
 from enhydra.sql import writer
-from enhydra.sql.commit import ROW_ERRORS, EventRows
 from enhydra.sql.config import DatabaseSettings
-from enhydra.sql.engine import SqlStep
+from enhydra.sql.fold import EventRows, SqlStep
 from enhydra.sql.model import SqlProjection
-from enhydra.sql.rows import plan
+from enhydra.sql.writer import first_line
 
 log = get_logger("enhydra.sql.rebuild")
 BATCH_RECORDS = 2000
@@ -109,7 +108,7 @@ class Rebuild:
         try:
             lock = await AsyncConnection.connect(db.conninfo(), autocommit=True)
         except psycopg.OperationalError as exc:
-            raise RebuildError(f"cannot connect to {db.describe()}: {_first_line(exc)}") from None
+            raise RebuildError(f"cannot connect to {db.describe()}: {first_line(exc)}") from None
         try:
             live_schema = await self._prepare(lock)
             self._conn = await AsyncConnection.connect(db.conninfo(), autocommit=True)
@@ -258,8 +257,16 @@ class Rebuild:
     async def _write(
         self, conn: AsyncConnection, moves: dict[int, tuple[int, int]], events: list[EventRows]
     ) -> None:
-        self.refused += await write_batch(
-            conn, self.projection, self.key, self.topic, moves, events
+        self.refused += await writer.write_batch(
+            conn, self.projection, self.key, self.topic, moves, events, self._refused
+        )
+
+    def _refused(self, event: EventRows, error: BaseException) -> None:
+        log.warning(
+            "rebuild: an event's rows were refused; skipped",
+            projection=self.projection.name,
+            offset=event.record.offset,
+            error=first_line(error),
         )
 
     def _report(self, todo: Mapping[int, int], phase: str) -> None:
@@ -328,46 +335,3 @@ class Rebuild:
             folded=self.folded,
             refused=self.refused,
         )
-
-
-async def write_batch(
-    conn: AsyncConnection,
-    projection: SqlProjection,
-    key: str,
-    topic: str,
-    moves: Mapping[int, tuple[int, int]],
-    events: list[EventRows],
-) -> int:
-    """One batch's rows and positions (under `key`) in one transaction; returns how many events
-    the database refused. A refused event is skipped (the live run dead-lettered it), so the
-    rebuild and the backfill (spark/sql_sink.py) leave the rows the live run leaves."""
-    tables = projection.by_name
-    the_plan = plan([op for e in events for op in e.ops], tables)
-    await writer.prepare_stages(conn, the_plan)
-    try:
-        async with conn.transaction():
-            await writer.write_plan(conn, the_plan, tables, prepared=True)
-            await writer.move_positions(conn, key, topic, dict(moves))
-        return 0
-    except ROW_ERRORS:
-        pass
-    refused = 0
-    async with conn.transaction():
-        for event in events:
-            try:
-                async with conn.transaction():  # a savepoint
-                    await writer.write_plan(conn, plan(event.ops, tables), tables, clear=True)
-            except ROW_ERRORS as exc:
-                refused += 1
-                log.warning(
-                    "rebuild: an event's rows were refused; skipped",
-                    projection=projection.name,
-                    offset=event.record.offset,
-                    error=_first_line(exc),
-                )
-        await writer.move_positions(conn, key, topic, dict(moves))
-    return refused
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).splitlines() or [""])[0][:300]

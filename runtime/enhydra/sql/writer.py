@@ -11,15 +11,23 @@ quoted; values always travel as parameters.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import JsonbDumper
 
 from enhydra.sql.model import SqlProjection, Table
-from enhydra.sql.rows import Plan
+from enhydra.sql.rows import Plan, plan
+
+if TYPE_CHECKING:
+    from enhydra.sql.fold import EventRows
+
+# Errors of one row's data (a constraint, a value the column refuses): that event's rows are
+# refused, the others are written.
+ROW_ERRORS = (psycopg.errors.IntegrityError, psycopg.errors.DataError)
 
 POSITIONS = "enhydra_sql_positions"
 SCHEMAS = "enhydra_sql_schemas"
@@ -268,3 +276,47 @@ async def write_plan(
                 await cur.execute(statement)
             if clear:
                 await cur.execute(f"DELETE FROM {stage}")
+
+
+async def write_batch(
+    conn: AsyncConnection,
+    projection: SqlProjection,
+    key: str,
+    topic: str,
+    moves: Mapping[int, tuple[int, int]],
+    events: list[EventRows],
+    on_refused: Callable[[EventRows, BaseException], None] | None = None,
+) -> int:
+    """One batch's rows and positions (under `key`) in one transaction; returns how many events
+    the database refused. A refused event is skipped (the live run dead-lettered it), so the
+    rebuild and the backfill (spark/sql_sink.py) leave the rows the live run leaves.
+
+    Imports psycopg and the pure sql modules only: the backfill's executors run it.
+    """
+    tables = projection.by_name
+    the_plan = plan([op for e in events for op in e.ops], tables)
+    await prepare_stages(conn, the_plan)
+    try:
+        async with conn.transaction():
+            await write_plan(conn, the_plan, tables, prepared=True)
+            await move_positions(conn, key, topic, dict(moves))
+        return 0
+    except ROW_ERRORS:
+        pass
+    refused = 0
+    async with conn.transaction():
+        for event in events:
+            try:
+                async with conn.transaction():  # a savepoint
+                    await write_plan(conn, plan(event.ops, tables), tables, clear=True)
+            except ROW_ERRORS as exc:
+                refused += 1
+                if on_refused is not None:
+                    on_refused(event, exc)
+        await move_positions(conn, key, topic, dict(moves))
+    return refused
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line, at most 300 characters: what a log line or a reason shows."""
+    return (str(error).splitlines() or [""])[0][:300]
