@@ -296,10 +296,11 @@ def _spark_failure(exc: BaseException) -> str | None:
     module = [line for line in text.splitlines() if "ModuleNotFoundError: " in line]
     if module:
         return module[-1].strip() + (
-            " on an executor: the workers need what the module of apply imports; keep apply "
-            "in a module that imports no more than Enhydra's pure parts (the template's "
-            "domain.py), or install the service's dependencies there; pyarrow and orjson are "
-            "needed on the workers in any case"
+            " on an executor: the workers need what the modules of apply (and of a SQL "
+            "projection's project) import; keep them in modules that import no more than "
+            "Enhydra's pure parts (the template's domain.py, a generated projection), or install "
+            "the service's dependencies there; pyarrow and orjson are needed on the workers in "
+            "any case, and psycopg for --sql-projection"
         )
     return None
 
