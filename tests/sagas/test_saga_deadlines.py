@@ -193,3 +193,28 @@ def test_a_status_read_while_a_batch_is_in_flight_loses_none_of_its_timers(store
     assert index.peek(store) is None and index.pending == 1  # not written yet
     store.write(result.puts.items())  # the flight lands
     assert index.due(store, 900_000)
+
+
+def test_an_ended_entrys_removal_is_due_but_no_pending_deadline(store):
+    """The status and /metrics count deadlines: an ended saga's removal timer is not one, but
+    the task still gets its turn when it is due; a rebuilt index agrees."""
+    saga, index = checkout_saga("shop"), TimerIndex()
+    run(saga, store, placed(range(3)), now=0, index=index)
+    ended = [
+        message(3 + i, f"o{n}", {"type": "cancelled", "order": f"o{n}"}, 10 + n)
+        for i, n in enumerate((0, 1))
+    ]
+    run(saga, store, ended, now=10, index=index)
+    assert index.pending == 1  # o2's deadline; o0 and o1 wait for their removal
+    assert index.next_deadline(store) == 900_000  # o2's, not a removal
+    rebuilt = TimerIndex()
+    assert not rebuilt.due(store, 899_999) and rebuilt.pending == 1
+    run(saga, store, [], now=900, index=index)  # o2's deadline fires
+    assert index.pending == 0 and index.next_deadline(store) is None
+    week = 10 + 7 * 86400
+    assert not index.due(store, week * 1000 - 1) and index.due(store, week * 1000)
+    result = run(saga, store, [], now=week, index=index)
+    assert result.counts == {"forgotten": 2} and not result.outputs
+    assert store.get(b"s:o0") is None and store.get(b"s:o1") is None
+    assert store.get(b"s:o2") is not None  # cancelled by its deadline, not ended
+    assert not index.due(store, 10**13)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import orjson
 import pytest
@@ -263,3 +265,59 @@ def test_a_payment_seen_before_its_order_schedules_no_deadline():
     driver.feed_saga("checkout", "payments", "p-1", {"type": "captured", "order": "o1"})
     place(driver, "o1")
     assert driver.deadlines("checkout", "o1") == {} and driver.advance(1000) == []
+
+
+def test_an_ended_sagas_entry_goes_after_its_retention_and_the_id_may_start_again():
+    """An ended saga keeps its entry (so a late event of its id is ignored) for
+    `ended_retention_s`, then a timer of the index removes it: the store does not grow by one
+    entry per saga ever run."""
+    driver = shop()
+    place(driver, "o1")
+    driver.feed_saga("checkout", "shop", "o1", {"type": "cancelled", "order": "o1"})
+    store = driver.saga_stores["checkout"]
+    assert store.get(b"s:o1") is not None  # ended, kept
+    assert driver.advance(7 * 86400 - 1) == []
+    driver.feed_saga("checkout", "shop", "o1", {"type": "placed", "order": "o1"})
+    assert driver.deadlines("checkout", "o1") == {}  # still ended: ignored
+    assert driver.advance(1) == []  # the removal sends nothing
+    assert store.get(b"s:o1") is None
+    assert [k for k, _ in store.items(TIMERS) if k.startswith(TIMERS)] == []
+    driver.feed_saga("checkout", "shop", "o1", {"type": "placed", "order": "o1"})
+    # a new saga of that id (due times are the driver's clock, in seconds)
+    assert driver.deadlines("checkout", "o1") == {"unpaid": 7 * 86400 + 900.0}
+
+
+def test_ended_sagas_kept_for_good_when_asked():
+    saga = dataclasses.replace(checkout_saga("shop"), ended_retention_s=None)
+    driver = Driver(Service("shop", Aggregate("orders", decide, apply), sagas=[saga]))
+    place(driver, "o1")
+    driver.feed_saga("checkout", "shop", "o1", {"type": "cancelled", "order": "o1"})
+    driver.advance(10 * 365 * 86400)
+    assert driver.saga_stores["checkout"].get(b"s:o1") is not None
+
+
+@pytest.mark.parametrize("keep", [-1, float("inf"), "1d", 11 * 366 * 86400])
+def test_a_bad_retention_is_refused_naming_the_setting(keep):
+    with pytest.raises(ValueError, match="ended_retention_s"):
+        Saga("checkout", ["shop"], lambda u: None, lambda s, u: (s, [], []), ended_retention_s=keep)
+
+
+def test_a_deadline_id_may_not_hold_nul():
+    """A NUL would make a deadline's timer look like an ended entry's removal (id "")."""
+    saga = Saga(
+        "s",
+        ["shop"],
+        lambda u: u.event["order"],
+        lambda s, u: ({}, [], [Deadline("x\0", 1, Emit("o", {"type": "cancel"}))]),
+    )
+    record = message(0, "o1", {"type": "placed", "order": "o1"}, 0)
+    result = saga_batch(
+        saga,
+        [record],
+        load=lambda k: None,
+        due=lambda ms: (),
+        now=0,
+        commands_topic="c",
+        partitions_of=lambda t: 1,
+    )
+    assert [f.error for f in result.failures if "NUL" in str(f.error)], result.failures

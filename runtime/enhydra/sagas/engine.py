@@ -14,6 +14,7 @@ through the tombstones fired and cancelled timers leave in RocksDB.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from enhydra.sagas.model import (
     Saga,
     SagaResult,
     due_index,
+    is_forget,
     saga_batch,
     timer_due,
 )
@@ -71,9 +73,9 @@ class TimerIndex:
         for timer, _ in store.items(TIMERS):
             if not timer.startswith(TIMERS):
                 break
-            if self.pending == 0:
+            if self.next_due is None:
                 self.floor, self.next_due = timer, timer_due(timer)
-            self.pending += 1
+            self.pending += not is_forget(timer)  # an ended entry's removal is no deadline
         self.built = True
 
     def peek(self, store: PartitionStore) -> bytes | None:
@@ -82,6 +84,18 @@ class TimerIndex:
             return None
         first = next(iter(store.items(self.floor)), None)
         return first[0] if first is not None and first[0].startswith(TIMERS) else None
+
+    def next_deadline(self, store: PartitionStore, look: int = 1000) -> int | None:
+        """The due time (ms) of the first pending deadline, for the status: removals of ended
+        entries are passed over, up to `look` timers (then None: it is later than those)."""
+        if not self.built or self.next_due is None or self.pending == 0:
+            return None
+        for timer, _ in itertools.islice(store.items(self.floor), look):
+            if not timer.startswith(TIMERS):
+                return None
+            if not is_forget(timer):
+                return timer_due(timer)
+        return None
 
     def due(self, store: PartitionStore, now_ms: int) -> bool:
         """Whether a timer is due by `now_ms`. Only between turns, when the store holds every
@@ -263,10 +277,10 @@ class SagaEngine(TaskRunner):
             if access.verdict is not Verdict.SERVE or index is None or access.store is not store:
                 continue  # not serving, or a new task whose loop has not looked at it yet
             # Read only: a batch in flight may have timers the store does not hold yet.
-            first = index.peek(store)
+            first = index.next_deadline(store)
             pending += index.pending
             if first is not None:
-                due = timer_due(first) / 1000
+                due = first / 1000
                 earliest = due if earliest is None else min(earliest, due)
         return pending, earliest
 

@@ -32,7 +32,10 @@ saga's entry, and in an index by due time (`t:<due ms><key>\\0<id>`) written in 
 So they survive restarts, kill -9 and moving to another instance, and the task knows when
 one is due from memory, seeking only then (engine.py TimerIndex). A cancelled deadline
 (Cancel, scheduled again under its id, or the saga ended) is gone from both, so it never
-fires. A turn fires the deadlines due before
+fires. An ended saga's entry stays for `ended_retention_s` (a week by default), so a late
+event of its id is ignored rather than starting it again, then goes: a timer of the same
+index (deadline id "", which no deadline may have) removes it, counted as `forgotten` and
+not as a pending deadline. A turn fires the deadlines due before
 it handles its inbox records, at most `max_fired` per turn: a deadline whose command went out
 just before a crash is the first thing the next turn does again (same id), before any later
 event could cancel it. (Moving to an instance whose clock is behind can delay that; keep
@@ -81,6 +84,9 @@ MESSAGE_ID = "command_id"
 # The longest a deadline may wait: its due time must fit the timer key (and a year-3000 due
 # time is a bug, not a plan).
 MAX_AFTER_S = 10 * 366 * 86400.0
+# The deadline id of the timer that removes an ended saga's entry (no deadline may have it).
+FORGET = ""
+ENDED_RETENTION_S = 7 * 86400.0  # how long an ended saga's entry stays, by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +134,21 @@ class Saga:
     dedup_window: int = 100
     command_id_field: str = "command_id"
     description: str = field(default="", compare=False)
+    # How long an ended saga's entry is kept (seconds): a late event of its id is ignored
+    # meanwhile; after it, the entry is removed and such an event starts the saga again.
+    # None: kept for good (the store grows by one entry per saga ever run).
+    ended_retention_s: float | None = ENDED_RETENTION_S
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"saga name {self.name!r}: use letters, digits, '-' or '_'")
+        keep = self.ended_retention_s
+        number = isinstance(keep, int | float) and math.isfinite(keep)
+        if keep is not None and not (number and 0 <= keep <= MAX_AFTER_S):
+            raise ValueError(
+                f"saga {self.name!r}: ended_retention_s={keep!r}; give seconds from 0 to "
+                f"{MAX_AFTER_S:.0f} (10 years), or None to keep ended sagas for good"
+            )
         sources = self.sources
         if isinstance(sources, str):
             raise TypeError(f"saga {self.name!r}: sources is a list of app ids, not one string")
@@ -240,6 +257,11 @@ def timer_key(due_ms: int, key: str, deadline_id: str) -> bytes:
     return TIMERS + due_ms.to_bytes(8, "big") + key.encode() + b"\0" + deadline_id.encode()
 
 
+def is_forget(timer: bytes) -> bool:
+    """Whether a timer key is an ended saga's removal (its deadline id is FORGET, empty)."""
+    return timer.endswith(b"\0")
+
+
 def timer_due(timer: bytes) -> int:
     return int.from_bytes(timer[len(TIMERS) : len(TIMERS) + 8], "big")
 
@@ -267,7 +289,8 @@ class SagaResult:
     counts: dict[str, int] = field(default_factory=dict)
     last_offset: int = -1
     interrupted: tuple[int, BaseException] | None = None
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the entries it changed
+    # the entries it changed (None: removed, an ended saga forgotten)
+    entries: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     # The timer index: how many pending timers the batch added (negative: removed), the
     # lowest timer key it wrote, the last one it fired (or removed) in key order, and a time
     # (ms) by which no timer pending before the batch is still due (all of them fired).
@@ -278,10 +301,11 @@ class SagaResult:
 
     def timer(self, key: bytes, value: bytes | None) -> None:
         self.puts[key] = value
+        counted = not is_forget(key)  # removing an ended entry is no deadline pending
         if value is None:
-            self.timers -= 1
+            self.timers -= counted
         else:
-            self.timers += 1
+            self.timers += counted
             if self.earliest_timer is None or key < self.earliest_timer:
                 self.earliest_timer = key
 
@@ -289,7 +313,16 @@ class SagaResult:
         self.counts[name] = self.counts.get(name, 0) + n
 
 
-COUNTERS = ("handled", "commands", "scheduled", "cancelled", "fired", "duplicates", "ignored")
+COUNTERS = (
+    "handled",
+    "commands",
+    "scheduled",
+    "cancelled",
+    "fired",
+    "duplicates",
+    "ignored",
+    "forgotten",
+)
 
 
 class BadMessage(ValueError):
@@ -463,7 +496,8 @@ def saga_batch(
             result.count("commands", len(made))
             for timer, value in changes:
                 result.timer(timer, value)
-                result.count("scheduled" if value is not None else "cancelled")
+                if not is_forget(timer):
+                    result.count("scheduled" if value is not None else "cancelled")
             entry["state"] = state
             entry["ended"] = state is None
         entry["offset"] = offset
@@ -498,8 +532,10 @@ def _schedule(
         if isinstance(timer, Cancel):
             drop(timer.id)
         elif isinstance(timer, Deadline):
-            if not isinstance(timer.id, str) or not timer.id:
-                raise ValueError(f"a deadline id must be a non-empty str, got {timer.id!r}")
+            if not isinstance(timer.id, str) or not timer.id or "\0" in timer.id:
+                raise ValueError(
+                    f"a deadline id must be a non-empty str without NUL, got {timer.id!r}"
+                )
             after = timer.after
             if (
                 not isinstance(after, int | float)
@@ -523,6 +559,10 @@ def _schedule(
     if ended:
         for deadline_id in list(deadlines):
             drop(deadline_id)
+        keep = writer.saga.ended_retention_s
+        if keep is not None:
+            due_ms = now_ms + max(0, round(keep * 1000))
+            changes.append((timer_key(due_ms, key, FORGET), orjson.dumps([key, FORGET])))
     return changes
 
 
@@ -549,6 +589,13 @@ def _fire(
         result.fired_through = timer
         key, deadline_id = orjson.loads(value)
         entry = entry_of(key)
+        if deadline_id == FORGET:
+            result.timer(timer, None)
+            if entry is not None and entry["ended"]:
+                result.entries[key] = None  # a later event of this id starts it again
+                result.puts[STATE + key.encode()] = None
+                result.count("forgotten")
+            continue
         pending = entry["deadlines"].get(deadline_id) if entry is not None else None
         if pending is None or timer_key(pending[0], key, deadline_id) != timer:
             result.timer(timer, None)
