@@ -47,7 +47,7 @@ class Step:
         return StepOutput(
             outputs={EVENTS: [(r.key, r.value, None) for r in records]},
             puts=[(r.key, str(r.offset).encode()) for r in records],
-            last_offset=records[-1].offset,
+            last_offset=records[-1].offset if records else -1,
         )
 
     def new_cache(self) -> None:
@@ -442,4 +442,49 @@ async def test_a_batch_not_handled_to_its_end_is_not_committed_past_its_last_rec
     await runner._checkpoint.commit()
     assert runner._consumer.committed == {tp: 3}
     assert stored(runner, 0) == (2, b"2")
+    runner.registry.close_all()
+
+
+async def test_a_marker_fetched_alone_is_committed_through_by_an_empty_turn(
+    settings: Settings,
+) -> None:
+    """A transaction's marker may come in a fetch of its own (the records before it were cut
+    by max_records, or the transaction was aborted at the end of the log): the fetch returns
+    no record but moves the position. An empty turn commits through it, once, and only with
+    nothing in flight."""
+    runner, producer = await running(settings, {0, 1})
+    first, second = TopicPartition(INPUT, 0), TopicPartition(INPUT, 1)
+    consumer = runner._consumer
+    await runner._process({first: records(range(0, 10))}, {first: 10})
+    await runner._land()
+    consumer.positions = {first: 11, second: 3}  # the marker at 10 fetched alone
+    producer.hold = True
+    await runner._process({second: records(range(0, 3))}, {second: 3})
+    assert runner._flights and runner._past_markers({}, {}) == {}  # a batch flies: not yet
+    producer.hold = False
+    producer.release()
+    await runner._land()
+    positions: dict = {}
+    batch = runner._past_markers({}, positions)
+    assert batch == {first: []} and positions == {first: 11}  # partition 1: nothing skipped
+    await runner._process(batch, positions)
+    await runner._land()
+    await runner._checkpoint.commit()
+    assert consumer.committed[first] == 11 and stored(runner, 0) == (10, b"9")
+    assert runner.stats["processed"] == 13
+    assert runner._past_markers({}, {}) == {}  # done once
+    runner.registry.close_all()
+
+
+async def test_a_batch_held_at_a_snapshot_cut_is_committed_at_the_cut(settings: Settings) -> None:
+    """Records past a cut are read again after the export: the commit stays at the cut even
+    when the consumer's position is past a marker beyond them."""
+    runner, _ = await running(settings, {0})
+    tp = TopicPartition(INPUT, 0)
+    runner.cuts.stop_at(0, 5)
+    await runner._process({tp: records(range(0, 10))}, {tp: 11})
+    await runner._land()
+    await runner._checkpoint.commit()
+    assert runner._consumer.committed == {tp: 5} and stored(runner, 0) == (4, b"4")
+    assert runner._consumer.seeks[tp] == 5
     runner.registry.close_all()

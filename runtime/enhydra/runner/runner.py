@@ -501,6 +501,7 @@ class TaskRunner:
                     timeout_ms=100, max_records=self.settings.max_batch_records
                 )
                 positions = self._positions_after(batch)  # before anything can seek
+                batch = self._past_markers(batch, positions)
                 if self._timed:
                     batch = self._with_due(batch)
                 if batch:
@@ -560,6 +561,31 @@ class TaskRunner:
             if fetched and (position := fetch_position(consumer, tp)) is not None:
                 found[tp] = position
         return found
+
+    def _past_markers(
+        self, batch: dict[TopicPartition, list], positions: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, list]:
+        """`batch`, and an empty turn for each serving partition the consumer moved past offsets
+        with no record (a transaction's marker, aborted records, fetched alone) since the last
+        durable batch: committed through them by `_process`, or the group's committed offset
+        would stay short of the end until the next record. Only with nothing in flight, no cut
+        or retry pending and no stall, so the store's offset is all that was handled."""
+        if self._flights or self.cuts.pending or self._stalled:
+            return batch
+        consumer = self._consumer
+        added: dict[TopicPartition, list] | None = None
+        for task in self.registry.active_tasks():
+            tp = TopicPartition(self.input_topic, task.partition)
+            if not task.serving or batch.get(tp) or self._retries.retrying(task.partition):
+                continue
+            position = fetch_position(consumer, tp)
+            if position is None or position <= task.store.input_offset + 1:
+                continue
+            if added is None:
+                added = dict(batch)
+            added[tp] = []
+            positions[tp] = position
+        return added if added is not None else batch
 
     async def _process(
         self,
@@ -628,15 +654,16 @@ class TaskRunner:
             if out.interrupted is None:
                 stamps += [r.timestamp for r in records]
                 position = positions.get(tp) if positions else None
-                if (
-                    position is not None
-                    and records
-                    and records[-1] is fetched[-1]  # nothing filtered out at the end
-                    and not self.cuts.pending  # a snapshot's cut stops at its own offset
-                    and out.last_offset == fetched[-1].offset
-                    and position > out.last_offset + 1
-                ):
-                    through[tp.partition] = position - 1
+                if position is not None and not self.cuts.pending:  # a cut stops at its offset
+                    if fetched:  # handled to the last record fetched, nothing filtered out
+                        whole = records and records[-1] is fetched[-1]
+                        handled = fetched[-1].offset if whole else None
+                        if out.last_offset != handled:
+                            handled = None
+                    else:  # _past_markers: only what has no record since the last batch
+                        handled = task.store.input_offset if out.last_offset < 0 else None
+                    if handled is not None and position > handled + 1:
+                        through[tp.partition] = position - 1
             else:
                 self._retry_later(tp, *out.interrupted)
                 stamps += [r.timestamp for r in records if r.offset <= out.last_offset]
