@@ -1,6 +1,7 @@
 """What tracing costs the aggregate engine: off, 1 % of commands sampled, every command sampled.
 
-    .venv/bin/python -m bench.tracing_cost [--commands 100000] [--keys 5000] [--rounds 3] [--sdk-spans]
+    .venv/bin/python -m bench.tracing_cost [--commands 100000] [--keys 5000] [--rounds 3]
+        [--sdk-spans]
 
 On a fresh broker, the ledger's own engine (the task runner with decide/apply, RocksDB, the
 changelog, at-least-once) processes the same commands four ways, interleaved round by round:
@@ -139,7 +140,7 @@ async def one_run(
         provider.add_span_processor(BatchSpanProcessor(exporter))
         traced = Tracing(provider)
         if name.endswith(SDK_SPANS):
-            traced.made = None
+            traced.sdk_spans = True
         tracing.use(traced)
     settings = Settings.from_env(
         {},

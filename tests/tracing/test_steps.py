@@ -10,10 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import SpanKind, StatusCode
 
 from enhydra import Aggregate, Rejection, tracing
@@ -141,9 +148,9 @@ def spans_of_both_paths(sampler, records):
     for made in (True, False):
         for exporter in traced(sampler):
             tracer = tracing.current()
-            assert tracer is not None and tracer.made is not None
+            assert tracer is not None and tracer.parts() is not None
             if not made:
-                tracer.made = None
+                tracer.sdk_spans = True
             out = run(records)
             found.append((exporter.get_finished_spans(), out))
     return found
@@ -196,7 +203,7 @@ def test_a_span_made_finished_keeps_the_sdks_attribute_limits(limits) -> None:
         provider.add_span_processor(SimpleSpanProcessor(spans))
         traced = Tracing(provider)
         if not made:
-            traced.made = None
+            traced.sdk_spans = True
         tracing.use(traced)
         try:
             run(records)
@@ -206,6 +213,65 @@ def test_a_span_made_finished_keeps_the_sdks_attribute_limits(limits) -> None:
         found.append((dict(span.attributes), span.dropped_attributes))
     assert found[0] == found[1]
     assert found[0] in (({"enhydra.command_id": "c123"}, 0), ({}, 1))
+
+
+class Starts(SpanProcessor):
+    """A processor that acts when a span starts (as a baggage processor adds attributes)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.started.append(span.name)
+
+
+def test_a_processor_that_acts_on_start_sees_every_steps_span_start() -> None:
+    """A span made finished never starts: with a processor other than the SDK's exporting
+    ones, the steps use the SDK's Span, so that processor sees them as before."""
+    spans, starts = InMemorySpanExporter(), Starts()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    traced = Tracing(provider)
+    tracing.use(traced)
+    try:
+        assert traced.parts() is not None
+        provider.add_span_processor(starts)  # added later: noticed at the next batch
+        run([command(1, [(TRACEPARENT_HEADER, SAMPLED)])])
+    finally:
+        tracing.reset()
+    assert traced.parts() is None and starts.started == ["decide sums"]
+    assert [s.name for s in spans.get_finished_spans()] == ["decide sums"]
+
+
+def test_the_sdks_own_metrics_keep_the_sdks_spans(monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
+    assert Tracing(TracerProvider()).parts() is None
+
+
+class ReadsLinks(Sampler):
+    """A sampler that looks at the links, as the SDK lets it: they are a sequence."""
+
+    def should_sample(
+        self,
+        parent_context,
+        trace_id,
+        name,
+        kind=None,
+        attributes=None,
+        links=None,
+        trace_state=None,
+    ) -> SamplingResult:
+        assert len(links) == 0
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+    def get_description(self) -> str:
+        return "ReadsLinks"
+
+
+def test_a_sampler_is_given_links_as_the_sdk_gives_them() -> None:
+    for exporter in traced(ReadsLinks()):
+        run([command(1, [(TRACEPARENT_HEADER, SAMPLED)])])
+        assert [s.name for s in exporter.get_finished_spans()] == ["decide sums"]
 
 
 def test_off_the_events_carry_only_the_contract_headers() -> None:

@@ -16,8 +16,10 @@ with its rows: nothing is written twice.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -109,6 +111,7 @@ class SqlRows:
                     self.topic,
                     {partition: (start, new)},
                     out.rows,
+                    partial(_refused, self.step.projection.name, partition),
                 )
                 positions[partition] = new
                 counts[partition][0] += len(out.rows)
@@ -138,6 +141,18 @@ class SqlRows:
             for partition in list(positions):  # the read covered [position, target): all of it
                 await flush(partition, self.targets[partition])
         return counts
+
+
+def _refused(projection: str, partition: int, event: Any, error: BaseException) -> None:
+    """One line in the executor's log (its stderr, kept by Spark) per event whose rows the
+    database refused; the driver prints how many."""
+    from enhydra.sql.writer import first_line
+
+    print(
+        f"enhydra backfill: sql projection {projection}: the rows of events partition "
+        f"{partition} offset {event.record.offset} were refused; skipped: {first_line(error)}",
+        file=sys.stderr,
+    )
 
 
 async def fill_tables(

@@ -29,6 +29,7 @@ nothing is lost; an SDK without the parts this needs gets the SDK's own spans.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.span import TraceState
@@ -65,8 +67,20 @@ class Tracing:
         self.follows_parent = isinstance(provider.sampler, ParentBased)
         # the SDK's default limit (OTEL_SPAN_LINK_COUNT_LIMIT; None: no limit)
         self.max_links = SpanLimits().max_links
-        self.made = _SpanParts.of(self.tracer)  # None: the SDK's own spans for the steps
+        self.sdk_spans = False  # True: the steps' spans are the SDK's Spans (tests, a bench)
+        self._parts: _SpanParts | None = None
+        self._parts_for: object = None  # the span processors `_parts` was made for
         self._batch_names: dict[str, str] = {}
+
+    def parts(self) -> _SpanParts | None:
+        """How a step makes its spans finished; None: with the SDK's Span (asked, or a span
+        processor or SDK setting that needs it). Checked once per batch."""
+        if self.sdk_spans:
+            return None
+        processors = getattr(self.tracer.span_processor, "_span_processors", None)
+        if processors is not self._parts_for:  # a processor added since
+            self._parts, self._parts_for = _SpanParts.of(self.tracer), processors
+        return self._parts
 
     # records written by a client -----------------------------------------------------------
     def start_send(
@@ -166,14 +180,24 @@ class Tracing:
 class BatchTrace:
     """The spans of the records of one partition's batch whose record carried a context."""
 
-    __slots__ = ("made", "name", "partition", "spans", "started", "tracing", "unsampled_passes")
+    __slots__ = (
+        "made",
+        "name",
+        "partition",
+        "parts",
+        "spans",
+        "started",
+        "tracing",
+        "unsampled_passes",
+    )
 
     def __init__(self, tracing: Tracing, name: str, partition: int) -> None:
         self.tracing = tracing
         self.name = name
         self.started = time.time_ns()
         self.partition = str(partition)
-        self.spans: list[Any] = []  # the SDK's spans (an SDK without the parts _SpanParts needs)
+        self.spans: list[Any] = []  # the SDK's spans (when `parts` is None)
+        self.parts = tracing.parts()
         # (context, parent, attributes, status) of the spans made finished in `finish`
         self.made: list[tuple[SpanContext, SpanContext, dict[str, Any], Status]] = []
         self.unsampled_passes = tracing.follows_parent
@@ -205,7 +229,7 @@ class BatchTrace:
                 return [(TRACEPARENT_HEADER, parent)]
             return [(TRACEPARENT_HEADER, parent), (TRACESTATE_HEADER, state)]
         tracing = self.tracing
-        made = tracing.made
+        made = self.parts
         try:
             if made is not None:
                 trace_id, span_id, flags = parse(parent)
@@ -290,7 +314,7 @@ class BatchTrace:
                 recorded.append(span.get_span_context())
             span.end(end_time=end)
         if self.made:
-            parts = self.tracing.made
+            parts = self.parts
             assert parts is not None
             for span_context, parent, attributes, status in self.made:
                 parts.end(self.name, span_context, parent, attributes, status, self.started, end)
@@ -310,6 +334,10 @@ def headers_of_context(context: SpanContext) -> list[Header]:
 
 
 _UNSET = Status(StatusCode.UNSET)
+# Span processors that act in on_end only (their on_start does nothing): spans made finished
+# reach them whole. Any other keeps the SDK's Span for the steps.
+_EXPORTING = (BatchSpanProcessor, SimpleSpanProcessor)
+INTERNAL_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 
 
 def _state(tracestate: bytes | None) -> TraceState | None:
@@ -333,16 +361,21 @@ class _SpanParts:
         self.processor = tracer.span_processor
         self.resource = tracer.resource
         self.scope = tracer._instrumentation_scope
-        limits = tracer._span_limits
-        # the SDK bounds a span's attributes (OTEL_SPAN_ATTRIBUTE_*_LIMIT); a step's span has
-        # one or two, so only a value length limit, or a count below two, can change them
-        short = limits.max_span_attributes is not None and limits.max_span_attributes < 2
-        self.limits = limits if short or limits.max_span_attribute_length is not None else None
+        # the SDK bounds a span's attributes (OTEL_SPAN_ATTRIBUTE_*_LIMIT): so do these
+        self.limits = tracer._span_limits
         # the SDK's tracer configurator may turn a tracer off (its spans then non-recording)
         self.enabled = getattr(tracer, "_is_enabled", lambda: True)
 
     @classmethod
     def of(cls, tracer: Any) -> _SpanParts | None:
+        """The parts, or None where a finished span would be noticed: a span processor other
+        than the SDK's exporting ones (it may act in `on_start`, which a finished span never
+        sees), the SDK's own metrics on (they count spans started), an SDK that moved them."""
+        processors = getattr(tracer.span_processor, "_span_processors", None)
+        if processors is None or any(type(p) not in _EXPORTING for p in processors):
+            return None
+        if os.environ.get(INTERNAL_METRICS, "").strip().lower() == "true":
+            return None
         try:
             return cls(tracer)
         except AttributeError:
@@ -355,7 +388,9 @@ class _SpanParts:
         if not self.enabled():
             return parent, None  # as the SDK's off tracer: the parent's context passes on
         trace_id = parent.trace_id
-        result = self.sampler.should_sample(context, trace_id, name, SpanKind.CONSUMER, attributes)
+        result = self.sampler.should_sample(
+            context, trace_id, name, SpanKind.CONSUMER, attributes, ()
+        )
         decision = result.decision
         flags = TraceFlags.SAMPLED if decision.is_sampled() else TraceFlags.DEFAULT
         if parent.trace_flags & TraceFlags.RANDOM_TRACE_ID:
@@ -370,8 +405,10 @@ class _SpanParts:
         if not decision.is_recording():
             return span_context, None
         kept = dict(result.attributes) if result.attributes else {}
-        if self.limits is not None:
-            limits = self.limits
+        limits = self.limits
+        count = limits.max_span_attributes
+        too_many = count is not None and len(kept) > count
+        if too_many or limits.max_span_attribute_length is not None:
             kept = BoundedAttributes(
                 limits.max_span_attributes,
                 kept,
