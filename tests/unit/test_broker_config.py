@@ -44,6 +44,7 @@ from enhydra.devtools.broker import (
     render_properties,
     write_state,
 )
+from enhydra.testing.processes import free_port
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -207,20 +208,25 @@ def fake_kafka(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def record(data_dir: Path, pid: int, port: int = 39092) -> None:
-    write_state(data_dir, BrokerState(port=port, controller_port=39093, cluster_id="x", pid=pid))
+def record(data_dir: Path, pid: int, port: int | None = None) -> int:
+    """Record a broker of `pid` in `data_dir`; its port (free ones by default: a stop waits
+    until the node's ports bind again, and a fixed one may be another test's meanwhile)."""
+    port = port if port is not None else free_port()
+    state = BrokerState(port=port, controller_port=free_port(), cluster_id="x", pid=pid)
+    write_state(data_dir, state)
     (data_dir / PID_FILE).write_text(f"{pid}\n")
+    return port
 
 
 def test_dead_pid_is_not_running_and_stop_cleans_up(tmp_path: Path) -> None:
-    record(tmp_path, dead_pid())
+    port = record(tmp_path, dead_pid())
     broker = LocalBroker(tmp_path)
     assert broker.status() is None
     assert not broker.is_running()
     assert broker.stop() is False
     assert not (tmp_path / PID_FILE).exists()
     state = read_state(tmp_path)
-    assert state is not None and state.pid is None and state.port == 39092
+    assert state is not None and state.pid is None and state.port == port
 
 
 def test_pid_reused_by_another_program_is_not_our_broker(tmp_path: Path) -> None:
@@ -241,11 +247,11 @@ def test_kafka_of_another_data_dir_is_not_ours(
 def test_live_broker_is_found_and_stopped(
     tmp_path: Path, fake_kafka: subprocess.Popen[bytes]
 ) -> None:
-    record(tmp_path, fake_kafka.pid)
+    port = record(tmp_path, fake_kafka.pid)
     broker = LocalBroker(tmp_path)
     info = broker.status()
     assert info is not None
-    assert (info.pid, info.port, info.bootstrap) == (fake_kafka.pid, 39092, "127.0.0.1:39092")
+    assert (info.pid, info.port, info.bootstrap) == (fake_kafka.pid, port, f"127.0.0.1:{port}")
     assert info.data_dir == tmp_path.resolve()
     assert broker.stop(timeout=10) is True
     assert fake_kafka.wait(timeout=5) == -15  # SIGTERM first, for a clean Kafka shutdown
@@ -256,9 +262,9 @@ def test_live_broker_is_found_and_stopped(
 def test_start_refuses_a_different_port_than_the_running_broker(
     tmp_path: Path, fake_kafka: subprocess.Popen[bytes]
 ) -> None:
-    record(tmp_path, fake_kafka.pid, port=39092)
-    with pytest.raises(BrokerError, match=r"already running .* port 39092"):
-        LocalBroker(tmp_path, port=39094).start(timeout=5)
+    port = record(tmp_path, fake_kafka.pid)
+    with pytest.raises(BrokerError, match=rf"already running .* port {port}"):
+        LocalBroker(tmp_path, port=free_port()).start(timeout=5)
 
 
 def test_start_reports_a_busy_port_before_doing_anything(tmp_path: Path) -> None:
