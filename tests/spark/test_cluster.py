@@ -71,6 +71,15 @@ def worker_python(extra: tuple[str, ...] = ()) -> Path:
     return python
 
 
+def assert_bare(python: Path) -> None:
+    """The workers' Python really has none of the runtime, the service or their packages."""
+    for module in NOT_ON_WORKERS:
+        probe = subprocess.run(
+            [str(python), "-c", f"import {module}"], capture_output=True, env=clean_env()
+        )
+        assert probe.returncode != 0, f"{module} is importable on the workers"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """An environment that shows nothing of this project's virtualenv."""
     venv_bin = str(Path(sys.executable).parent)
@@ -178,11 +187,7 @@ def test_the_backfill_runs_on_workers_with_only_pyspark_pyarrow_and_orjson(
 ) -> None:
     service = service_factory("ledger.service:service", cwd=LEDGER)
     python = worker_python()
-    for module in NOT_ON_WORKERS:  # the workers' Python really is bare
-        probe = subprocess.run(
-            [str(python), "-c", f"import {module}"], capture_output=True, env=clean_env()
-        )
-        assert probe.returncode != 0, f"{module} is importable on the workers"
+    assert_bare(python)
     service.wait_ready()
     commands = generate(300, 3000, seed=41)
 
@@ -245,11 +250,7 @@ def test_a_sql_projection_backfills_on_workers_with_psycopg_and_no_runtime(
     projection's own step and write its rows, with psycopg their only package beyond the bare
     workers' (the step once came from the runner's module: "No module named 'aiokafka'")."""
     python = worker_python(extra=(SQL_WORKER_PACKAGE,))
-    for module in NOT_ON_WORKERS:
-        probe = subprocess.run(
-            [str(python), "-c", f"import {module}"], capture_output=True, env=clean_env()
-        )
-        assert probe.returncode != 0, f"{module} is importable on the workers"
+    assert_bare(python)
     # a project's layout (the generators'): the projection and the aggregate's functions in
     # modules of their own, `Service(...)` in service.py, which the executors never import
     package = tmp_path / "sqlshop"

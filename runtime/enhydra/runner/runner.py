@@ -655,15 +655,9 @@ class TaskRunner:
                 stamps += [r.timestamp for r in records]
                 position = positions.get(tp) if positions else None
                 if position is not None and not self.cuts.pending:  # a cut stops at its offset
-                    if fetched:  # handled to the last record fetched, nothing filtered out
-                        whole = records and records[-1] is fetched[-1]
-                        handled = fetched[-1].offset if whole else None
-                        if out.last_offset != handled:
-                            handled = None
-                    else:  # _past_markers: only what has no record since the last batch
-                        handled = task.store.input_offset if out.last_offset < 0 else None
-                    if handled is not None and position > handled + 1:
-                        through[tp.partition] = position - 1
+                    last = consumed_through(fetched, records, out.last_offset, position, task)
+                    if last is not None:
+                        through[tp.partition] = last
             else:
                 self._retry_later(tp, *out.interrupted)
                 stamps += [r.timestamp for r in records if r.offset <= out.last_offset]
@@ -889,6 +883,21 @@ class TaskRunner:
                 self.log.warning(f"{what} timed out; retrying", error=repr(exc), backoff_s=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+
+def consumed_through(
+    fetched: list, records: list, last_offset: int, position: int, task: Task
+) -> int | None:
+    """The offset a partition's batch is durable through when the consumer's `position` is
+    past what the step handled with nothing but offsets without a record between (markers,
+    aborted records); None when it is not. `fetched`: what the consumer returned (empty: an
+    empty turn of `_past_markers`); `records`: what the step was given of it."""
+    if fetched:  # handled to the last record fetched, nothing filtered out at the end
+        whole = records and records[-1] is fetched[-1] and last_offset == fetched[-1].offset
+        handled = last_offset if whole else None
+    else:  # only what has no record since the last durable batch
+        handled = task.store.input_offset if last_offset < 0 else None
+    return position - 1 if handled is not None and position > handled + 1 else None
 
 
 async def _yield_to_io() -> None:

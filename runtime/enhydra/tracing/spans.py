@@ -108,12 +108,7 @@ class Tracing:
 
     def context_of(self, traceparent: bytes, tracestate: bytes | None = None) -> Any:
         """The OpenTelemetry context of a remote parent; BadTraceParent if it is not one."""
-        trace_id, span_id, flags = parse(traceparent)
-        state = None
-        if tracestate:
-            state = TraceState.from_header([tracestate.decode("ascii", "replace")])
-        remote = SpanContext(trace_id, span_id, True, TraceFlags(flags), state)
-        return trace.set_span_in_context(NonRecordingSpan(remote))
+        return trace.set_span_in_context(NonRecordingSpan(remote_parent(traceparent, tracestate)))
 
     # records continued by a step ---------------------------------------------------------------
     def batch(self, name: str, partition: int) -> BatchTrace:
@@ -231,14 +226,10 @@ class BatchTrace:
         tracing = self.tracing
         made = self.parts
         try:
-            if made is not None:
-                trace_id, span_id, flags = parse(parent)
-                remote = SpanContext(trace_id, span_id, True, TraceFlags(flags), _state(state))
-                context = trace.set_span_in_context(NonRecordingSpan(remote))
-            else:
-                context = tracing.context_of(parent, state)
+            remote = remote_parent(parent, state)
         except BadTraceParent:
             return None
+        context = trace.set_span_in_context(NonRecordingSpan(remote))
         # Few attributes: with every command sampled, each costs the SDK about a microsecond
         # per span and the OTLP encoding several more. A decide span has the command id, which
         # names the command (its events carry it too); a react span, whose upstream event has
@@ -340,8 +331,13 @@ _EXPORTING = (BatchSpanProcessor, SimpleSpanProcessor)
 INTERNAL_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
 
 
-def _state(tracestate: bytes | None) -> TraceState | None:
-    return TraceState.from_header([tracestate.decode("ascii", "replace")]) if tracestate else None
+def remote_parent(traceparent: bytes, tracestate: bytes | None = None) -> SpanContext:
+    """The span context a record's headers carry; BadTraceParent if it is not one."""
+    trace_id, span_id, flags = parse(traceparent)
+    state = None
+    if tracestate:
+        state = TraceState.from_header([tracestate.decode("ascii", "replace")])
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags), state)
 
 
 class _SpanParts:
