@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from enhydra.testing.processes import wait_for_committed
-from ledger.workload import generate
+from ledger.workload import generate, model
 from tests.cluster.support import (
     DURABLE,
     BrokerDefaults,
@@ -25,7 +25,7 @@ from tests.cluster.support import (
     wait_in_isr,
 )
 from tests.faults.support import leaders, run
-from tests.integration.ledger_support import feed
+from tests.integration.ledger_support import feed, read_accounts
 from tests.integration.test_topic_durability import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
@@ -137,8 +137,8 @@ def test_a_kill_9_of_each_broker_in_turn_while_commands_flow(cluster):
 
 
 def test_reset_leaves_topics_at_the_brokers_durability(cluster, app_id):
-    """`enhydra reset` deletes and recreates the changelog, events, rejections and control
-    topics; with no replication setting they come back at the brokers' RF 3 / min ISR 2."""
+    """`enhydra reset` deletes and recreates the changelogs; with no replication setting they
+    come back at the brokers' RF 3 / min ISR 2, as every other topic of the app is."""
     bootstrap = cluster.kafka.bootstrap
     cluster.start_instances(("i1",))
     feed(bootstrap, app_id, generate(20, 100, seed=3))
@@ -152,3 +152,32 @@ def test_reset_leaves_topics_at_the_brokers_durability(cluster, app_id):
     after = asyncio.run(durability(bootstrap, f"{app_id}-"))
     assert f"{app_id}-accounts-changelog" in after, after
     assert {name: d for name, d in after.items() if d != DURABLE} == {}
+
+
+def test_an_instance_starts_with_one_broker_down_and_a_reset_waits_for_it(cluster, app_id):
+    """RF 3 on three brokers, one stopped: the topics that exist take writes (min ISR 2 of the
+    two left), so an instance (re)starts and works, as a pod rescheduled during a broker's
+    maintenance must; only a command that creates topics needs the third broker, and says so
+    in one line, deleting nothing."""
+    bootstrap = cluster.kafka.bootstrap
+    commands = generate(20, 300, seed=9)
+    cluster.start_instances(("i1",))
+    feed(bootstrap, app_id, commands[:100])
+    cluster.stop_instances()
+    cluster.instances.clear()
+    node = cluster.kafka.cluster.node(3)
+    assert node.stop()
+    before = asyncio.run(durability(bootstrap, f"{app_id}-"))
+
+    (instance,) = cluster.start_instances(("i1",))
+    feed(bootstrap, app_id, commands[100:])
+    expected = model(commands)
+    assert read_accounts([instance], sorted(expected)) == expected
+    assert "fewer brokers up than the replication factor" in instance.log_tail(400)
+    cluster.stop_instances()
+
+    refused = cli({"ENHYDRA_BOOTSTRAP_SERVERS": bootstrap}, "reset", "--app", app_id, "--yes")
+    assert refused.returncode != 0
+    assert "Traceback" not in refused.stderr, refused.stderr
+    assert "than the cluster has brokers up (2) to create a topic on" in refused.stderr
+    assert asyncio.run(durability(bootstrap, f"{app_id}-")) == before  # nothing deleted

@@ -78,7 +78,7 @@ def test_start_reset_restore_and_clone_all_create_topics_the_one_way(
     info = create_snapshot(app_id, kafka_bootstrap, str(storage))
     one.stop()
 
-    # reset recreates the changelog, events, rejections and control topics
+    # reset recreates the changelogs (the other topics were made at start, checked below)
     reset = cli(durable, "reset", "--app", app_id, "--yes")
     assert reset.returncode == 0, reset.stdout + reset.stderr
     # restore recreates the changelog; clone creates a new app's changelog
@@ -121,8 +121,9 @@ def test_more_replicas_than_brokers_is_one_plain_line(service_factory, kafka_boo
         if line.startswith("{") and (record := json.loads(line)).get("level") == "error"
     ]
     assert [e["event"] for e in errors] == [
-        "ENHYDRA_REPLICATION_FACTOR=3 asks for more replicas than the cluster has brokers (1): "
-        "set ENHYDRA_REPLICATION_FACTOR to at most 1"
+        "ENHYDRA_REPLICATION_FACTOR=3 asks for more replicas than the cluster has brokers up "
+        "(1) to create a topic on: set ENHYDRA_REPLICATION_FACTOR to at most 1, or start the "
+        "brokers that are down"
     ]
     assert "Traceback" not in instance.log_tail(200)
     # nothing was created with a value the cluster cannot meet, and a recreate deletes nothing

@@ -22,13 +22,25 @@ def test_set_values_win_and_are_remembered_as_set() -> None:
     assert durability_of(conn(3, 3), 5, BROKER) == Durability(3, 3, 5, True, True)
 
 
-def test_more_replicas_than_brokers_is_one_plain_error_naming_the_setting() -> None:
+def test_more_replicas_than_brokers_is_one_plain_error_naming_the_setting_on_creating() -> None:
+    durability = durability_of(conn(3), 1, {"default.replication.factor": "1"})
     with pytest.raises(TopicError) as caught:
-        durability_of(conn(3), 1, {"default.replication.factor": "1"})
+        TopicSpec("a-commands", 4).new_topic(durability)
     assert str(caught.value) == (
-        "ENHYDRA_REPLICATION_FACTOR=3 asks for more replicas than the cluster has brokers (1): "
-        "set ENHYDRA_REPLICATION_FACTOR to at most 1"
+        "ENHYDRA_REPLICATION_FACTOR=3 asks for more replicas than the cluster has brokers up "
+        "(1) to create a topic on: set ENHYDRA_REPLICATION_FACTOR to at most 1, or start the "
+        "brokers that are down"
     )
+
+
+def test_a_broker_down_refuses_creating_only() -> None:
+    """RF 3 with one of three brokers stopped: the topics that exist go on (min ISR 2 of the
+    two left), so reading the durability is no error; only a topic to create needs three."""
+    durability = durability_of(conn(), 2, BROKER)
+    assert (durability.replication_factor, durability.brokers) == (3, 2)
+    with pytest.raises(TopicError, match="the broker's default.replication.factor=3 .* up \\(2\\)"):
+        durability.check_creatable()
+    durability_of(conn(), 3, BROKER).check_creatable()  # all up: nothing to say
 
 
 def test_a_min_isr_above_the_replication_factor_is_refused() -> None:

@@ -69,6 +69,7 @@ class TopicSpec:
                 config.setdefault(name, value)
         if durability.min_isr_configured:
             config.setdefault(MIN_ISR, str(durability.min_insync_replicas))
+        durability.check_creatable()
         return NewTopic(
             self.name, self.partitions, durability.replication_factor, topic_configs=config
         )
@@ -85,13 +86,22 @@ class Durability:
 
     replication_factor: int
     min_insync_replicas: int
-    brokers: int
+    brokers: int  # up now: a stopped or fenced broker is not counted
     rf_configured: bool = False
     min_isr_configured: bool = False
+    # Why no topic can be created now (more replicas than brokers up), or None. Only creating
+    # needs them all: existing topics go on with a broker down (min ISR of the rest).
+    shortfall: str | None = None
+
+    def check_creatable(self) -> None:
+        if self.shortfall is not None:
+            raise TopicError(self.shortfall)
 
 
 def durability_of(conn: Connection, brokers: int, broker_defaults: dict[str, str]) -> Durability:
-    """Pure: the durability `conn` asks for on a cluster of `brokers`, or why it cannot have it."""
+    """Pure: the durability `conn` asks for on a cluster of `brokers` up, or why it cannot
+    have it. More replicas than brokers up is not an error yet: the topics may all exist
+    (a broker is down, or restarting); it is one when a topic has to be created."""
     rf_set, isr_set = conn.replication_factor, conn.min_insync_replicas
     try:
         default_rf = int(broker_defaults.get("default.replication.factor", ""))
@@ -110,10 +120,12 @@ def durability_of(conn: Connection, brokers: int, broker_defaults: dict[str, str
         if rf_set is not None
         else (f"the broker's default.replication.factor={rf} (ENHYDRA_REPLICATION_FACTOR unset)")
     )
+    shortfall = None
     if rf > brokers:
-        raise TopicError(
-            f"{named} asks for more replicas than the cluster has brokers ({brokers}): "
-            f"set ENHYDRA_REPLICATION_FACTOR to at most {brokers}"
+        shortfall = (
+            f"{named} asks for more replicas than the cluster has brokers up ({brokers}) to "
+            f"create a topic on: set ENHYDRA_REPLICATION_FACTOR to at most {brokers}, or "
+            "start the brokers that are down"
         )
     if isr > rf:
         where = (
@@ -126,7 +138,7 @@ def durability_of(conn: Connection, brokers: int, broker_defaults: dict[str, str
             "acks=all would fail; raise ENHYDRA_REPLICATION_FACTOR or lower "
             "ENHYDRA_MIN_INSYNC_REPLICAS"
         )
-    return Durability(rf, isr, brokers, rf_set is not None, isr_set is not None)
+    return Durability(rf, isr, brokers, rf_set is not None, isr_set is not None, shortfall)
 
 
 async def durability_for(admin: Admin, conn: Connection) -> Durability:
@@ -308,6 +320,13 @@ async def ensure_topics(
     conn = as_connection(conn)
     async with open_admin(conn, client_id=client_id) as admin:
         durability = await durability_for(admin, conn)
+        if durability.shortfall is not None:
+            log.warning(
+                "fewer brokers up than the replication factor: existing topics are used, "
+                "none can be created",
+                brokers_up=durability.brokers,
+                replication_factor=durability.replication_factor,
+            )
         try:
             deadline = time.monotonic() + timeout
             await _ensure(admin, specs, durability, timeout)
@@ -403,6 +422,7 @@ async def recreate_topics(
     conn = as_connection(conn)
     async with open_admin(conn, client_id="enhydra-admin") as admin:
         durability = await durability_for(admin, conn)
+        durability.check_creatable()  # before anything is deleted
         names = [s.name for s in specs]
         existing = [name for name in names if name in set(await admin.list_topics())]
         if existing:
