@@ -71,3 +71,27 @@ async def test_a_client_without_a_group_keeps_its_plain_timeout() -> None:
     consumer._coordinator = None
     with pytest.raises(KafkaAccessError, match="no answer"):
         await start(consumer, "127.0.0.1:9", timeout=TIMEOUT)
+
+
+def test_the_admin_looks_topics_up_without_having_the_broker_create_them() -> None:
+    """A broker with auto.create.topics.enable=true (Kafka's default) creates a topic a
+    metadata request names when the request allows it: with its own retention and replicas,
+    outside kafka/topics.py. The admin's lookups (the partition counts and the layout check at
+    every start) do not allow it."""
+    from aiokafka.protocol.metadata import MetadataRequest_v4
+
+    sent = []
+
+    async def send(request):
+        sent.append(request)
+        return SimpleNamespace(to_object=lambda: {"topics": [{"topic": "app-events"}]})
+
+    async def look_up() -> list:
+        admin = clients.new_admin("127.0.0.1:9")
+        admin._send_request = send
+        return await admin.describe_topics(["app-events"])
+
+    assert asyncio.run(look_up()) == [{"topic": "app-events"}]
+    (request,) = sent
+    built = request.build(MetadataRequest_v4)
+    assert (built.topics, built.allow_auto_topic_creation) == (["app-events"], False)

@@ -21,15 +21,31 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from enhydra.kafka.errors import KafkaAccessError, diagnose, explain
 from enhydra.kafka.noise import starting
 from enhydra.settings import Connection, SettingsError
 
+
+
+class Admin(AIOKafkaAdminClient):
+    """aiokafka's admin client, whose topic lookups never create a topic.
+
+    aiokafka asks for a topic's metadata allowing the broker to create it, and a broker with
+    `auto.create.topics.enable=true` (Kafka's default) then does, with its own defaults (one
+    replica, seven days of retention): a lookup before the creation would make an events
+    history that loses its past. Topics are created by kafka/topics.py only.
+    """
+
+    async def describe_topics(self, topics: list[str] | None = None) -> list[Any]:
+        request = MetadataRequest(topics, allow_auto_topic_creation=False)
+        return (await self._send_request(request)).to_object()["topics"]
+
+
 # The client types other modules may name in annotations.
 Producer = AIOKafkaProducer
 Consumer = AIOKafkaConsumer
-Admin = AIOKafkaAdminClient
 RebalanceListener = ConsumerRebalanceListener
 
 # Long enough for a TLS handshake and SASL round trips to a remote cluster, short enough that a
@@ -130,7 +146,7 @@ def new_consumer(conn: Connection | str, **settings: Any) -> Consumer:
 
 
 def new_admin(conn: Connection | str, **settings: Any) -> Admin:
-    return AIOKafkaAdminClient(**options(conn), **settings)
+    return Admin(**options(conn), **settings)
 
 
 async def start(
