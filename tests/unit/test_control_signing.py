@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import orjson
@@ -76,6 +77,13 @@ def test_a_snapshot_id_from_the_future_or_another_app_is_refused() -> None:
     future = "bank-29991231T235959999999Z"  # would sort last and outlive every real snapshot
     assert ask({"type": "snapshot_create", "id": future}) == "bad_snapshot_id"
     assert ask({"type": "snapshot_create", "id": new_snapshot_id("other")}) == "bad_snapshot_id"
+    # A request (announced again while a snapshot runs) may be older, never from the future.
+    request = {"type": "snapshot_request", "storage": "/snaps"}
+    assert ask({**request, "id": future}) == "bad_snapshot_id"
+    assert ask({**request, "id": "bank-no-time"}) == "bad_snapshot_id"
+    hour_ago = f"bank-{dt.datetime.fromtimestamp(time.time() - 3600, dt.UTC):%Y%m%dT%H%M%S%fZ}"
+    assert ask({**request, "id": hour_ago}) is None
+    assert ask({"type": "snapshot_create", "id": hour_ago}) == "bad_snapshot_id"
 
 
 def test_a_cut_below_the_position_is_refused() -> None:

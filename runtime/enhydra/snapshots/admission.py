@@ -2,9 +2,12 @@
 
 A snapshot writes every partition's state to the storage it names, so it may name only the
 storage the service is configured with (ENHYDRA_SNAPSHOT_STORAGE), never a URL of the sender's
-choosing. Its id must be fresh: retention keeps the ids that sort last, so an id from the
-future would outlive, and delete, the real snapshots. A cut below the offset a partition has
-already processed would rewind the partition and apply its commands again.
+choosing. Its id must not come from the future: retention keeps the ids that sort last, so
+such an id would outlive, and delete, the real snapshots. A `snapshot_create` is made when it
+is sent, so its id is also recent; a `snapshot_request` is announced again while the snapshot
+runs (a new coordinator after a death), so an older id is fine there. Each partition's owner
+cuts at the offset it has reached; a request that names a cut below it (a rewind: its commands
+applied again) is refused, one above it changes nothing.
 """
 
 from __future__ import annotations
@@ -55,10 +58,11 @@ def refusal(
     snapshot_id = message.get("id")
     if not isinstance(snapshot_id, str) or not snapshot_id.startswith(f"{app_id}-"):
         return "bad_snapshot_id"
-    if kind == SNAPSHOT_CREATE:
-        made = snapshot_id_time(snapshot_id)
-        if made is None or abs(now - made) > ID_AGE_S:
-            return "bad_snapshot_id"
+    made = snapshot_id_time(snapshot_id)
+    if made is None or made - now > ID_AGE_S:
+        return "bad_snapshot_id"
+    if kind == SNAPSHOT_CREATE and now - made > ID_AGE_S:
+        return "bad_snapshot_id"
     cut = message.get("cut")
     if kind == SNAPSHOT_REQUEST and cut is not None:
         if not isinstance(cut, dict):
