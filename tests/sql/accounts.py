@@ -78,15 +78,32 @@ def history(accounts: int, per_account: int, seed: int, bad: int = 0) -> list[tu
     return out
 
 
-async def produce(bootstrap: str, topic: str, events: list[tuple[str, dict]]) -> None:
+async def produce(
+    bootstrap: str, topic: str, events: list[tuple[str, dict]], transactions: int = 0
+) -> None:
+    """Send `events` in order; with `transactions`, in transactions of that many events (as a
+    service under exactly_once writes its events topic: a commit marker after each)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    if not transactions:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            sent = [await producer.send(topic, orjson.dumps(e), key=k.encode()) for k, e in events]
+            for future in sent:
+                await future
+        finally:
+            await producer.stop()
+        return
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=f"{topic}-test-producer", linger_ms=5
+    )
     await producer.start()
     try:
-        futures = [await producer.send(topic, orjson.dumps(e), key=k.encode()) for k, e in events]
-        for future in futures:
-            await future
+        for i in range(0, len(events), transactions):
+            async with producer.transaction():
+                for k, e in events[i : i + transactions]:
+                    await producer.send(topic, orjson.dumps(e), key=k.encode())
     finally:
         await producer.stop()
 

@@ -22,7 +22,7 @@ from enhydra.sql.engine import SqlProjectionEngine
 from enhydra.sql.rebuild import Progress, Rebuild
 from enhydra.sql.writer import PartitionLost
 from tests.sql.accounts import ACCOUNTS, PROJECTION, history, model, produce
-from tests.sql.test_sql_projection import REPO, caught_up, env_for, table
+from tests.sql.test_sql_projection import REPO, caught_up, env_for, positions, table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -65,6 +65,31 @@ async def test_a_rebuild_while_events_flow_equals_the_live_tables_and_the_live_r
     finally:
         await engine.stop()
     assert await table(database) == model(first + second + third)
+
+
+async def test_a_rebuild_of_a_transactional_events_topic_ends_at_the_live_positions(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
+) -> None:
+    """Events written under exactly_once end each transaction with a marker, an offset with no
+    record, which the live positions are past. The rebuild ends at those positions, markers
+    included: one record short, the live writers would find their positions moved and stop."""
+    settings = Settings.from_env(env_for(kafka_bootstrap, app_id, tmp_path / "state"))
+    topic = f"{app_id}-events"
+    first, second = (history(20, 10, seed=s) for s in (21, 22))
+    engine = SqlProjectionEngine(settings, PROJECTION, topic, database=database)
+    await engine.start()
+    try:
+        await produce(kafka_bootstrap, topic, first, transactions=25)
+        await caught_up(database, kafka_bootstrap, topic)
+        live = await positions(database, PROJECTION.positions_key)
+        rebuild = Rebuild(settings, database, PROJECTION, topic, batch_records=40)
+        assert await rebuild.run() == live
+        await produce(kafka_bootstrap, topic, second, transactions=25)
+        await caught_up(database, kafka_bootstrap, topic)
+        assert engine.failure is None
+    finally:
+        await engine.stop()
+    assert await table(database) == model(first + second)
 
 
 async def test_an_interrupted_rebuild_of_a_new_version_resumes_and_fences_the_old_writers(

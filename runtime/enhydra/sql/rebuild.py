@@ -231,25 +231,29 @@ class Rebuild:
             consumer.seek(tp, self.positions.get(p, 0))
         while todo:
             batch = await consumer.getmany(timeout_ms=500, max_records=self.batch_records)
-            moves: dict[int, tuple[int, int]] = {}
             events: list[EventRows] = []
             for tp, records in batch.items():
                 p = tp.partition
                 start_at = self.positions.get(p, 0)
                 records = [r for r in records if start_at <= r.offset < todo.get(p, -1)]
-                if not records:
-                    continue
-                out = self.step(None, records, {})  # type: ignore[arg-type]
-                events += out.rows
-                moves[p] = (start_at, out.last_offset + 1)
+                if records:
+                    events += self.step(None, records, {}).rows  # type: ignore[arg-type]
+            # Each partition moves to where the consumer stands (up to its target): past the
+            # records folded and past a transaction's marker after them, as the live writers'
+            # positions are. Stopping short of a marker would move the live positions back.
+            moves: dict[int, tuple[int, int]] = {}
+            for p in todo:
+                start_at = self.positions.get(p, 0)
+                read_to = min(await consumer.position(tps[p]), todo[p])
+                if read_to > start_at:
+                    moves[p] = (start_at, read_to)
             if moves:
                 await self._write(conn, moves, events)
                 for p, (_, new) in moves.items():
                     self.positions[p] = new
                 self.folded += len(events)
             for p in list(todo):
-                read_to = max(self.positions.get(p, 0), await consumer.position(tps[p]))
-                if read_to >= todo[p]:
+                if self.positions.get(p, 0) >= todo[p]:
                     del todo[p]
                     consumer.pause(tps[p])
             self._report(todo, phase)
