@@ -28,7 +28,6 @@ from enhydra.kafka.noise import starting
 from enhydra.settings import Connection, SettingsError
 
 
-
 class Admin(AIOKafkaAdminClient):
     """aiokafka's admin client, whose topic lookups never create a topic.
 
