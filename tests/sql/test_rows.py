@@ -59,6 +59,15 @@ def test_declarations_say_what_is_wrong() -> None:
 def test_database_settings_never_show_the_password(tmp_path) -> None:
     url = "postgresql://app:s3cret@db:5432/reads"
     assert redact(url) == "postgresql://app:***@db:5432/reads"
+    in_query = "postgresql://db/reads?sslmode=require&password=s3cret&sslpassword=k3y&user=app"
+    assert redact(in_query) == (
+        "postgresql://db/reads?sslmode=require&password=***&sslpassword=***&user=app"
+    )
+    assert "s3cret" not in repr(DatabaseSettings(in_query))
+    assert (
+        redact("postgresql://app:s3cret@db/r?PASSWORD=x")
+        == "postgresql://app:***@db/r?PASSWORD=***"
+    )
     assert "s3cret" not in repr(DatabaseSettings(url))
     with pytest.raises(DatabaseConfigError, match="ENHYDRA_DATABASE_URL is not set"):
         DatabaseSettings.from_env({})

@@ -10,6 +10,7 @@ read from its file when the pool connects, and no log line or error shows the UR
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,16 +24,22 @@ class DatabaseConfigError(ValueError):
     """A database setting is missing or wrong: one plain line with the fix."""
 
 
+# libpq also takes the password, and the client key's passphrase, as query parameters.
+_SECRET_PARAMETER = re.compile(r"(?i)(^|&)(password|sslpassword)=[^&]*")
+
+
 def redact(url: str) -> str:
-    """The URL with its password replaced, fit for a log line."""
+    """The URL with its passwords replaced (user:password@, ?password=, ?sslpassword=), fit
+    for a log line."""
     parts = urlsplit(url)
+    query = _SECRET_PARAMETER.sub(r"\1\2=***", parts.query)
     if parts.password is None:
-        return url
+        return urlunsplit(parts._replace(query=query))
     host = parts.hostname or ""
     if parts.port:
         host += f":{parts.port}"
     netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 @dataclass(frozen=True)
