@@ -57,8 +57,7 @@ from enhydra.kafka.membership import FencedInstanceIdError, remove_static_member
 from enhydra.kafka.topics import TopicError, TopicSpec
 from enhydra.logs import get_logger
 from enhydra.processing.engine import Engine
-from enhydra.projections.engine import ProjectionEngine
-from enhydra.projections.host import ProjectionHost
+from enhydra.projections.host import ProjectionHost, engine_for
 from enhydra.query.http import AdminRoute, build_app
 from enhydra.reactions.engine import ReactionEngine
 from enhydra.reactions.host import ReactionHost
@@ -102,7 +101,7 @@ def topic_specs(service: ResolvedService) -> list[TopicSpec]:
     engine = Engine(s, bound, policies=service.policies, transient=service.spec.transient_errors)
     specs = {spec.name: spec for spec in engine.topic_specs()}
     for projection, plugin in service.projections:
-        host = ProjectionEngine(
+        host = engine_for(
             s, projection, bound.events_topic, plugin=plugin, aggregate=bound.aggregate
         )
         for spec in host.topic_specs():

@@ -92,3 +92,18 @@ def test_the_host_runs_a_sql_projection_on_its_own_engine(monkeypatch, tmp_path)
     described = engine.describe()
     assert described["kind"] == "sql" and described["waiting"] is None
     assert described["database"] == "postgresql://app:***@db:5432/reads"
+
+
+def test_the_live_topology_check_knows_a_sql_projections_topics_without_a_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`enhydra topology check --live` checks the topics a start creates: a SQL projection's
+    dead letters among them (history kept), with no ENHYDRA_DATABASE_URL where it runs."""
+    from enhydra.runtime import topic_specs
+    from tests.sql.accounts import SERVICE
+
+    monkeypatch.delenv("ENHYDRA_DATABASE_URL", raising=False)
+    monkeypatch.setenv("ENHYDRA_APP_ID", "bank")
+    specs = {spec.name: spec for spec in topic_specs(SERVICE.resolved())}
+    assert specs["bank-dlq"].history
+    assert specs["bank-accounts-changelog"].compacted

@@ -43,7 +43,7 @@ class SqlProjectionEngine(TaskRunner):
         self.projection = projection
         self.events_topic = events_topic
         self.plugin = plugin
-        self.database = database or DatabaseSettings.from_env()
+        self._database = database
         self.method = method
         self.sql: SqlCommit | None = None
         super().__init__(
@@ -51,6 +51,14 @@ class SqlProjectionEngine(TaskRunner):
             step=SqlStep(projection, transient, aggregate),
             **read_model_runner(settings, projection, events_topic, plugin),
         )
+
+    @property
+    def database(self) -> DatabaseSettings:
+        """ENHYDRA_DATABASE_* as read when first needed (the start): the engine built for its
+        topics alone (`enhydra topology check --live`) needs no database setting."""
+        if self._database is None:
+            self._database = DatabaseSettings.from_env()
+        return self._database
 
     def topic_specs(self) -> list[TopicSpec]:
         s = self.settings
