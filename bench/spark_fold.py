@@ -174,7 +174,7 @@ def kafka_load(directory: Path, bootstrap: str, topic: str) -> int:
     )
 
     async def load() -> int:
-        await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS, 1, history=True)])
+        await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS, history=True)])
         return await produce_fast(bootstrap, topic, records, PARTITIONS)
 
     return asyncio.run(load())

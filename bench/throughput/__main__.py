@@ -266,7 +266,7 @@ def print_report(data: dict) -> None:
 
 
 async def preload(bootstrap: str, topic: str, keys: int, commands: int, seed: int) -> None:
-    await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS, 1)])
+    await create_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
     started = time.monotonic()
     count = await produce_fast(bootstrap, topic, command_records(keys, commands, seed), PARTITIONS)
     progress(

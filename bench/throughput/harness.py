@@ -55,8 +55,8 @@ class Launch:
     def topic_specs(self) -> list[TopicSpec]:
         stamped = {"message.timestamp.type": "LogAppendTime"}
         return [
-            *(TopicSpec(t, PARTITIONS, 1, config=dict(stamped)) for t in self.outputs),
-            *(TopicSpec(t, PARTITIONS, 1, compacted=True) for t in self.extra_topics),
+            *(TopicSpec(t, PARTITIONS, config=dict(stamped)) for t in self.outputs),
+            *(TopicSpec(t, PARTITIONS, compacted=True) for t in self.extra_topics),
         ]
 
 

@@ -258,12 +258,12 @@ async def measure_latency(
     run_dir.mkdir(parents=True, exist_ok=True)
     stamp = {"message.timestamp.type": "LogAppendTime"} if event_time == "append" else {}
     specs = [
-        TopicSpec(topic, PARTITIONS, 1),
-        TopicSpec(f"{app}-events", PARTITIONS, 1, config=dict(stamp), history=True),
+        TopicSpec(topic, PARTITIONS),
+        TopicSpec(f"{app}-events", PARTITIONS, config=dict(stamp), history=True),
     ]
     if not system.startswith("enhydra"):  # Enhydra creates the rest itself
-        specs.append(TopicSpec(f"{app}-rejections", PARTITIONS, 1))
-        specs.append(TopicSpec(f"{app}-accounts-changelog", PARTITIONS, 1, compacted=True))
+        specs.append(TopicSpec(f"{app}-rejections", PARTITIONS))
+        specs.append(TopicSpec(f"{app}-accounts-changelog", PARTITIONS, compacted=True))
     await create_topics(bootstrap, specs)
     records = command_records(keys, max(int(rate * seconds), keys), seed=seed)
     launch = launch_for(system, app, bootstrap, topic, run_dir, pythons or {})
