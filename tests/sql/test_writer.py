@@ -42,6 +42,31 @@ async def test_the_schema_is_created_once_and_another_version_is_refused(
             await ensure_schema(conn, newer)
 
 
+async def test_ddl_changed_without_a_new_version_is_refused_whitespace_aside(
+    database: DatabaseSettings,
+) -> None:
+    """Tables made from the old DDL would refuse the new rows one by one (every event to the
+    DLQ): the start is refused instead, naming the version to declare. A database made before
+    digests were kept takes the code's as it is."""
+    async with await connect(database) as conn:
+        assert await ensure_schema(conn, PROJECTION) is True
+        spaced = Table(ACCOUNTS.name, ACCOUNTS.key, "  " + ACCOUNTS.ddl.replace(" ", "\n  "))
+        same = SqlProjection(PROJECTION.name, PROJECTION.project, (spaced,))
+        assert await ensure_schema(conn, same) is False
+        wider = ACCOUNTS.ddl.replace("events", "note text NOT NULL DEFAULT '', events")
+        changed = SqlProjection(
+            PROJECTION.name, PROJECTION.project, (Table(ACCOUNTS.name, ACCOUNTS.key, wider),)
+        )
+        with pytest.raises(
+            SchemaMismatch, match=r"DDL changed but its version did not .* version=2"
+        ):
+            await ensure_schema(conn, changed)
+        await conn.execute("UPDATE enhydra_sql_schemas SET ddl_digest = NULL")
+        assert await ensure_schema(conn, changed) is False  # adopted
+        with pytest.raises(SchemaMismatch, match="DDL changed"):
+            await ensure_schema(conn, PROJECTION)
+
+
 async def test_a_position_moved_by_another_writer_fences_this_one(
     database: DatabaseSettings,
 ) -> None:

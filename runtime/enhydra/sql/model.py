@@ -11,6 +11,7 @@ positions they cover in one transaction (commit.py): each event changes the tabl
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,15 @@ class SqlProjection(ReadModel):  # its task store's changelog stays empty
     def by_name(self) -> dict[str, Table]:
         """The tables by name (made once: `check` runs per event)."""
         return self._by_name  # type: ignore[attr-defined]
+
+    @property
+    def ddl_digest(self) -> str:
+        """The tables' DDL in a few characters (whitespace runs count as one space): stored
+        with the version, so DDL changed without a new version is noticed at start."""
+        text = "\n".join(
+            f"{t.name}({','.join(t.key)}):{' '.join(t.ddl.split())}" for t in self.tables
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def positions_key(self) -> str:

@@ -160,10 +160,12 @@ class Rebuild:
             for statement in writer.BOOKKEEPING:
                 await conn.execute(statement)
             cur = await conn.execute(
-                f"SELECT version FROM {writer.SCHEMAS} WHERE projection = %s", (marker,)
+                f"SELECT version, ddl_digest FROM {writer.SCHEMAS} WHERE projection = %s",
+                (marker,),
             )
             row = await cur.fetchone()
-            if row is not None and row[0] == p.version:
+            # the same version, its tables made from the same DDL: what is filled is kept
+            if row is not None and row[0] == p.version and row[1] in (None, p.ddl_digest):
                 log.info("rebuild resumed", projection=p.name, version=p.version)
                 return live_schema
             schema = sql.Identifier(self.schema)
@@ -180,10 +182,11 @@ class Rebuild:
             )
             await conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (projection, version) VALUES (%s, %s) "
-                    "ON CONFLICT (projection) DO UPDATE SET version = EXCLUDED.version"
+                    "INSERT INTO {} (projection, version, ddl_digest) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (projection) DO UPDATE SET version = EXCLUDED.version, "
+                    "ddl_digest = EXCLUDED.ddl_digest"
                 ).format(sql.Identifier(live_schema, writer.SCHEMAS)),
-                (marker, p.version),
+                (marker, p.version, p.ddl_digest),
             )
         log.info("rebuild started", projection=p.name, version=p.version, schema=self.schema)
         return live_schema
@@ -326,10 +329,10 @@ class Rebuild:
                 f"DELETE FROM {writer.SCHEMAS} WHERE projection = %s", (f"{p.name}~rebuild",)
             )
             await conn.execute(
-                f"INSERT INTO {writer.SCHEMAS} (projection, version) VALUES (%s, %s) "
-                "ON CONFLICT (projection) DO UPDATE SET version = EXCLUDED.version, "
-                "created_at = now()",
-                (p.name, p.version),
+                f"INSERT INTO {writer.SCHEMAS} (projection, version, ddl_digest) "
+                "VALUES (%s, %s, %s) ON CONFLICT (projection) DO UPDATE SET "
+                "version = EXCLUDED.version, ddl_digest = EXCLUDED.ddl_digest, created_at = now()",
+                (p.name, p.version, p.ddl_digest),
             )
         log.info(
             "rebuild swapped in",

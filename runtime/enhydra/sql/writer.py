@@ -41,6 +41,8 @@ BOOKKEEPING = (
     f"CREATE TABLE IF NOT EXISTS {SCHEMAS} ("
     " projection text PRIMARY KEY, version int NOT NULL,"
     " created_at timestamptz NOT NULL DEFAULT now())",
+    # SqlProjection.ddl_digest; NULL in a database made before it was kept: taken as it is
+    f"ALTER TABLE {SCHEMAS} ADD COLUMN IF NOT EXISTS ddl_digest text",
 )
 
 
@@ -76,23 +78,38 @@ async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> boo
         for statement in BOOKKEEPING:
             await conn.execute(statement)
         cur = await conn.execute(
-            f"SELECT version FROM {SCHEMAS} WHERE projection = %s", (projection.name,)
+            f"SELECT version, ddl_digest FROM {SCHEMAS} WHERE projection = %s",
+            (projection.name,),
         )
         row = await cur.fetchone()
+        digest = projection.ddl_digest
         if row is not None:
-            if row[0] != projection.version:
+            version, stored = row
+            if version != projection.version:
                 raise SchemaMismatch(
                     f"projection {projection.name!r}: the database holds its tables at schema "
-                    f"version {row[0]}, the code declares version {projection.version}; "
+                    f"version {version}, the code declares version {projection.version}; "
                     "run `enhydra projection rebuild TARGET NAME` to build and swap in this "
                     "version's tables"
+                )
+            if stored is None:  # made before digests were kept
+                await conn.execute(
+                    f"UPDATE {SCHEMAS} SET ddl_digest = %s WHERE projection = %s",
+                    (digest, projection.name),
+                )
+            elif stored != digest:
+                raise SchemaMismatch(
+                    f"projection {projection.name!r}: its tables' DDL changed but its version "
+                    f"did not (still {version}): the database's tables were made from the old "
+                    f"DDL; declare version={version + 1} and run `enhydra projection rebuild "
+                    "TARGET NAME` to build and swap in the new tables"
                 )
             return False
         for table in projection.tables:
             await conn.execute(table.create(table.name))  # type: ignore[arg-type]
         await conn.execute(
-            f"INSERT INTO {SCHEMAS} (projection, version) VALUES (%s, %s)",
-            (projection.name, projection.version),
+            f"INSERT INTO {SCHEMAS} (projection, version, ddl_digest) VALUES (%s, %s, %s)",
+            (projection.name, projection.version, digest),
         )
         return True
 
