@@ -7,10 +7,11 @@ import pytest
 
 pytest.importorskip("psycopg")
 
-from enhydra.sql import Delete, SqlProjection, Table, Upsert
+from enhydra.sql import Delete, SqlProjection, Table, Upsert, writer
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.rows import plan
 from enhydra.sql.writer import (
+    DirectCopy,
     PartitionLost,
     SchemaMismatch,
     ensure_schema,
@@ -171,3 +172,69 @@ async def test_whole_rows_merge_in_one_upsert_and_partial_ones_still_merge(
             await write_plan(conn, the_plan, tables, method, prepared=True, stored=stored)
         cur = await conn.execute("SELECT id, owner, note FROM accounts WHERE id = 'c'")
         assert await cur.fetchall() == [("c", "ann", "")]
+
+
+async def test_whole_rows_of_new_keys_are_copied_straight_in_and_a_stored_key_merges(
+    database: DatabaseSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DirectCopy: new keys land by COPY into the table; a batch with a stored key is undone
+    (its savepoint only: the same transaction's positions and other shapes stand) and merged
+    as usual; that shape then waits before it is copied straight in again."""
+    tables = PROJECTION.by_name
+    direct = DirectCopy()
+    row = {"id": "a", "owner": "ann", "balance": 5, "events": 1}
+    landed: list[bool] = []
+    copy_new_rows = writer._copy_new_rows
+
+    async def spy(*args):
+        landed.append(await copy_new_rows(*args))
+        return landed[-1]
+
+    monkeypatch.setattr(writer, "_copy_new_rows", spy)
+
+    async def batch(conn, ops, moves) -> None:
+        the_plan = plan(ops, tables)
+        await prepare_stages(conn, the_plan)
+        async with conn.transaction():
+            await write_plan(conn, the_plan, tables, prepared=True, stored=stored, direct=direct)
+            await move_positions(conn, "accounts", "events", moves)
+
+    async with await connect(database) as conn:
+        await ensure_schema(conn, PROJECTION)
+        stored = await table_columns(conn, PROJECTION.tables)
+        await load_positions(conn, "accounts", "events", [0])
+        await batch(
+            conn, [Upsert("accounts", row), Upsert("accounts", {**row, "id": "b"})], {0: (0, 2)}
+        )
+        assert landed == [True]
+        added = Upsert(
+            "accounts", {"id": "b", "balance": 1, "events": 1}, add=("balance", "events")
+        )
+        stored_key = Upsert("accounts", {**row, "owner": "bob"})
+        await batch(conn, [stored_key, Upsert("accounts", {**row, "id": "c"}), added], {0: (2, 5)})
+        assert landed == [True, False]
+        cur = await conn.execute("SELECT id, owner, balance, events FROM accounts ORDER BY id")
+        assert await cur.fetchall() == [("a", "bob", 5, 1), ("b", "ann", 6, 2), ("c", "ann", 5, 1)]
+        assert await load_positions(conn, "accounts", "events", [0]) == {0: 5}
+        await batch(conn, [Upsert("accounts", {**row, "id": "d"})], {0: (5, 6)})  # waits: 1 of 2
+        await batch(conn, [Upsert("accounts", {**row, "id": "e"})], {0: (6, 7)})  # 2 of 2
+        await batch(conn, [Upsert("accounts", {**row, "id": "f"})], {0: (7, 8)})  # tried again
+        assert landed == [True, False, True]
+        cur = await conn.execute("SELECT count(*) FROM accounts")
+        assert await cur.fetchone() == (6,)
+
+
+def test_a_refused_shape_waits_2_4_8_up_to_64_batches_and_a_landed_one_starts_over() -> None:
+    direct = DirectCopy()
+    shape = ("t", ("id", "v"), ())
+
+    def skipped_after_a_refusal() -> int:
+        direct.refused(shape)
+        skipped = 0
+        while not direct.worth_trying(shape):
+            skipped += 1
+        return skipped
+
+    assert [skipped_after_a_refusal() for _ in range(7)] == [2, 4, 8, 16, 32, 64, 64]
+    direct.landed(shape)
+    assert skipped_after_a_refusal() == 2

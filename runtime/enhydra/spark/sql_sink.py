@@ -94,6 +94,8 @@ class SqlRows:
             await conn.execute(
                 sql.SQL("SET search_path TO {}, {}").format(*map(sql.Identifier, self.search_path))
             )
+            columns_of = await writer.table_columns(conn, self.step.projection.tables)
+            direct = writer.DirectCopy()
             positions: dict[int, int] = {}
             pending: dict[int, list[_Record]] = {}
 
@@ -112,6 +114,8 @@ class SqlRows:
                     {partition: (start, new)},
                     out.rows,
                     partial(_refused, self.step.projection.name, partition),
+                    stored=columns_of,
+                    direct=direct,
                 )
                 positions[partition] = new
                 counts[partition][0] += len(out.rows)

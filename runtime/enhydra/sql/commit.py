@@ -89,6 +89,7 @@ class SqlCommit:
         self.waiting: str | None = None  # why the projection waits now (None: it does not)
         self.stats = {"rows": 0, "transactions": 0, "dead_lettered": 0, "db_retries": 0}
         self.columns: dict[str, frozenset] = {}  # the tables' columns, read at start
+        self.direct = writer.DirectCopy()
         self._pool: AsyncConnectionPool | None = None
         self._producer: Producer | None = None
 
@@ -282,7 +283,13 @@ class _Attempt:
         try:
             async with conn.transaction():
                 await writer.write_plan(
-                    conn, the_plan, unit.tables, unit.method, prepared=True, stored=unit.columns
+                    conn,
+                    the_plan,
+                    unit.tables,
+                    unit.method,
+                    prepared=True,
+                    stored=unit.columns,
+                    direct=unit.direct if unit.method == "copy" else None,
                 )
                 await writer.move_positions(conn, unit.projection.positions_key, topic, self.moves)
             unit.stats["rows"] += the_plan.rows

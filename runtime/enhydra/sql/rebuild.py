@@ -95,6 +95,8 @@ class Rebuild:
         self.refused = 0  # events whose rows the database refused (the live run dead-lettered them)
         self._started = time.monotonic()
         self._conn: AsyncConnection | None = None  # the rebuild's writes (shadow schema first)
+        self._columns: dict[str, frozenset] = {}  # the new tables' columns (writer.write_plan)
+        self._direct = writer.DirectCopy()
         self._consumer: Any = None
 
     # the whole rebuild -----------------------------------------------------------------------
@@ -117,6 +119,7 @@ class Rebuild:
                     sql.Identifier(self.schema), sql.Identifier(live_schema)
                 )
             )
+            self._columns = await writer.table_columns(self._conn, self.projection.tables)
             await self._open_consumer()
             partitions = await partitions_of(self._consumer, self.topic)
             if not partitions:
@@ -265,7 +268,15 @@ class Rebuild:
         self, conn: AsyncConnection, moves: dict[int, tuple[int, int]], events: list[EventRows]
     ) -> None:
         self.refused += await writer.write_batch(
-            conn, self.projection, self.key, self.topic, moves, events, self._refused
+            conn,
+            self.projection,
+            self.key,
+            self.topic,
+            moves,
+            events,
+            self._refused,
+            stored=self._columns,
+            direct=self._direct,
         )
 
     def _refused(self, event: EventRows, error: BaseException) -> None:
