@@ -197,6 +197,47 @@ async def test_the_database_down_pauses_the_projection_and_loses_nothing(
     assert await table(database) == model(before + during)
 
 
+class _LostAfterCommit(dict):
+    """SqlCommit.stats whose first update after a batch's commit fails as a connection lost
+    at that moment would: the transaction committed, the client never heard."""
+
+    def __init__(self, stats: dict) -> None:
+        super().__init__(stats)
+        self.armed = True
+
+    def __setitem__(self, key: str, value: int) -> None:
+        if key == "rows" and self.armed:
+            self.armed = False
+            import psycopg
+
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        super().__setitem__(key, value)
+
+
+async def test_a_commit_whose_answer_was_lost_is_not_written_again(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
+) -> None:
+    """The connection drops between the server's commit and the client hearing it: the batch
+    is retried, the retry finds its positions already moved (committed after all) and writes
+    nothing; written again, every `add` of the batch would count twice."""
+    settings = Settings.from_env(env_for(kafka_bootstrap, app_id, tmp_path / "state"))
+    topic = f"{app_id}-events"
+    events = history(20, 10, seed=9)
+    engine = SqlProjectionEngine(settings, PROJECTION, topic, database=database)
+    await engine.start()
+    try:
+        assert engine.sql is not None
+        stats = engine.sql.stats = _LostAfterCommit(engine.sql.stats)
+        await produce(kafka_bootstrap, topic, events)
+        await caught_up(database, kafka_bootstrap, topic)
+        assert not stats.armed  # the answer of one commit was lost
+        assert stats["db_retries"] >= 1
+        assert engine.failure is None
+    finally:
+        await engine.stop()
+    assert await table(database) == model(events)
+
+
 async def test_kill_9_mid_transaction_leaves_every_row_equal_to_the_fold(
     kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
 ) -> None:
