@@ -61,6 +61,12 @@ OTHERS = {
     ),
     # the aggregate's step alone: what passing contexts on and the sampled spans cost in it
     "tracing_step.py": (["--rounds", "9"], ["--commands", "10000", "--rounds", "3"]),
+    # a SQL projection's write path against a raw COPY, then the whole engine (own PostgreSQL)
+    "sql_projection.py": (["--events", "100000", "--repeat", "3"], ["--repeat", "3"]),
+    "sql_engine.py": (
+        ["--events", "100000", "--repeat", "3"],
+        ["--events", "40000", "--repeat", "3"],
+    ),
 }
 
 
@@ -70,8 +76,9 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
 
 def run_other(script: str, args: list[str], timeout: float) -> dict:
     """Run one bench script; keep its stdout (tables, ratio lines) and the tail of stderr."""
-    command = [sys.executable, f"bench/{script}", *args]
-    shown = " ".join([".venv/bin/python", f"bench/{script}", *args])
+    module = f"bench.{script.removesuffix('.py')}"  # as a module: `bench` imports resolve
+    command = [sys.executable, "-m", module, *args]
+    shown = " ".join([".venv/bin/python", "-m", module, *args])
     progress(f"running {shown}")
     started = time.monotonic()
     try:

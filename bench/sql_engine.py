@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import cProfile
 import random
-import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +39,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench.common import (
     create_topics,
     fresh_broker,
+    fresh_postgres,
     load_average,
     machine,
     median,
@@ -53,7 +52,7 @@ from enhydra.settings import Settings
 from enhydra.sql import SqlProjection, Table, Upsert
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.engine import SqlProjectionEngine
-from enhydra.testing.sql import Postgres, find_server_bin
+from enhydra.testing.sql import Postgres
 
 PARTITIONS = 4
 DDL = "CREATE TABLE {table} (id text PRIMARY KEY, owner text NOT NULL, balance bigint NOT NULL)"
@@ -266,17 +265,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="profile one more engine round")
     args = parser.parse_args()
     print(machine(), "| load", load_average())
-    pg_root = Path(tempfile.mkdtemp(prefix="enhydra-bench-pg-"))
-    pg_root.chmod(0o755)
-    server = Postgres(find_server_bin(), pg_root)
-    server.init()
-    server.start()
-    try:
-        with fresh_broker() as (bootstrap, root):
-            medians = asyncio.run(run(bootstrap, server, root, args))
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(pg_root, ignore_errors=True)
+    with fresh_postgres() as server, fresh_broker() as (bootstrap, root):
+        medians = asyncio.run(run(bootstrap, server, root, args))
     raw, loop, engine = medians["raw copy"], medians["raw loop"], medians["engine"]
     print(f"{'raw copy':12} {raw:>12,.0f} rows/s     (ceiling: no Kafka, no Python per event)")
     print(f"{'raw loop':12} {loop:>12,.0f} events/s   {loop / raw:.2f}x raw copy")

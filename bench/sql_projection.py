@@ -1,8 +1,10 @@
 """A SQL projection's write path against a raw COPY of the same rows (issue #29).
 
-    ENHYDRA_DATABASE_URL=postgresql://... [ENHYDRA_DATABASE_PASSWORD_FILE=...] \\
+    [ENHYDRA_DATABASE_URL=postgresql://... [ENHYDRA_DATABASE_PASSWORD_FILE=...]] \\
         .venv/bin/python -m bench.sql_projection [--events 100000] [--batch 2000] [--repeat 3]
         [--updates 0.5]
+
+Without ENHYDRA_DATABASE_URL it starts a PostgreSQL of its own (Debian's programs).
 
 Per batch of events, one transaction each, interleaved, on the same database:
 
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import time
 
-from bench.common import load_average, machine, median, progress
+from bench.common import fresh_postgres, load_average, machine, median, progress
 from enhydra.sql import SqlProjection, Table, Upsert
-from enhydra.sql.config import DatabaseConfigError, DatabaseSettings
+from enhydra.sql.config import URL_VAR, DatabaseConfigError, DatabaseSettings
 from enhydra.sql.rows import plan
 from enhydra.sql.writer import (
     DirectCopy,
@@ -142,13 +145,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--updates", type=float, default=0.5, help="share of events that update")
     args = parser.parse_args()
-    try:
-        db = DatabaseSettings.from_env()
-    except DatabaseConfigError as exc:
-        sys.exit(f"{exc} (the benchmark writes into that database's public schema)")
     print(machine(), "| load", load_average())
     ops = events(args.events, updates=args.updates)
-    medians = asyncio.run(run(db, ops, args.batch, args.repeat, keyed=args.updates == 0))
+    if os.environ.get(URL_VAR):
+        try:
+            db = DatabaseSettings.from_env()
+        except DatabaseConfigError as exc:
+            sys.exit(f"{exc} (the benchmark writes into that database's public schema)")
+        medians = asyncio.run(run(db, ops, args.batch, args.repeat, keyed=args.updates == 0))
+    else:  # a server of its own
+        with fresh_postgres() as server:
+            db = DatabaseSettings(server.url(), server.password_file)
+            medians = asyncio.run(run(db, ops, args.batch, args.repeat, keyed=args.updates == 0))
     raw = medians["raw copy"]
     for name, value in medians.items():
         label = name if name in RAW else f"projection/{name}"
