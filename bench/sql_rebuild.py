@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,9 +22,16 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import create_topics, fresh_broker, load_average, machine, produce_fast, progress
+from bench.common import (
+    create_topics,
+    fresh_broker,
+    fresh_postgres,
+    load_average,
+    machine,
+    produce_fast,
+    progress,
+)
 from bench.sql_engine import PARTITIONS, PROJECTION, events, fresh_database
-from enhydra.devtools.postgres import Postgres, find_server_bin
 from enhydra.kafka.topics import TopicSpec
 from enhydra.settings import Settings
 from enhydra.sql.config import DatabaseSettings
@@ -140,22 +145,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000)
     args = parser.parse_args()
     print(machine(), "| load", load_average())
-    pg_root = Path(tempfile.mkdtemp(prefix="enhydra-bench-pg-"))
-    pg_root.chmod(0o755)
-    server = Postgres(find_server_bin(), pg_root)
-    server.init()
-    server.start()
-    try:
-        with fresh_broker() as (bootstrap, root):
+    with fresh_postgres() as server, fresh_broker() as (bootstrap, root):
 
-            async def run() -> Outcome:
-                db = await fresh_database(server)
-                return await compare(bootstrap, db, root / "state", args.events, args.batch)
+        async def run() -> Outcome:
+            db = await fresh_database(server)
+            return await compare(bootstrap, db, root / "state", args.events, args.batch)
 
-            outcome = asyncio.run(run())
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(pg_root, ignore_errors=True)
+        outcome = asyncio.run(run())
     print(report(outcome))
     print("load", load_average())
     if not outcome.equal:
