@@ -238,3 +238,31 @@ def test_a_refused_shape_waits_2_4_8_up_to_64_batches_and_a_landed_one_starts_ov
     assert [skipped_after_a_refusal() for _ in range(7)] == [2, 4, 8, 16, 32, 64, 64]
     direct.landed(shape)
     assert skipped_after_a_refusal() == 2
+
+
+@pytest.mark.parametrize("method", ["copy", "executemany"])
+async def test_a_value_set_and_a_value_added_in_one_batch_merge_apart(
+    database: DatabaseSettings, method: str
+) -> None:
+    """Two shapes of the same columns, one setting and one adding, each through its own stage:
+    sharing one, the adding shape's merge applied the set rows again and counted them as found
+    (so its new key was never inserted)."""
+    counters = Table(
+        "counters", ("id",), "CREATE TABLE {table} (id text PRIMARY KEY, n bigint NOT NULL)"
+    )
+    projection = SqlProjection("counting", lambda k, e: [], (counters,))
+    tables = projection.by_name
+    async with await connect(database) as conn:
+        await ensure_schema(conn, projection)
+        await conn.execute("INSERT INTO counters VALUES ('a', 5)")
+        ops = [
+            Upsert("counters", {"id": "a", "n": 2}),  # set: a stored key
+            Upsert("counters", {"id": "b", "n": 3}, add=("n",)),  # add: a new key
+        ]
+        the_plan = plan(ops, tables)
+        assert len(the_plan.upserts) == 2
+        await prepare_stages(conn, the_plan)
+        async with conn.transaction():
+            await write_plan(conn, the_plan, tables, method, prepared=True)
+        cur = await conn.execute("SELECT id, n FROM counters ORDER BY id")
+        assert await cur.fetchall() == [("a", 2), ("b", 3)]

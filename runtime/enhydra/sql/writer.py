@@ -236,15 +236,18 @@ async def table_columns(conn: AsyncConnection, tables: Iterable[Table]) -> dict[
     return {name: frozenset(found) for name, found in columns.items()}
 
 
-def _stage_name(table: str, columns: tuple[str, ...]) -> str:
-    digest = hashlib.blake2s(repr((table, columns)).encode(), digest_size=6).hexdigest()
+def _stage_name(shape: Shape) -> str:
+    """One stage per shape, added columns included: two shapes of the same columns (a value set
+    for one key, added for another) in one batch must not merge each other's rows."""
+    digest = hashlib.blake2s(repr(shape).encode(), digest_size=6).hexdigest()
     return f"_enhydra_stage_{digest}"
 
 
-def _create_stage(table: str, columns: tuple[str, ...]) -> str:
+def _create_stage(shape: Shape) -> str:
+    table, columns, _ = shape
     names = ", ".join(map(_q, columns))
     return (
-        f"CREATE TEMP TABLE IF NOT EXISTS {_stage_name(table, columns)} ON COMMIT DELETE ROWS "
+        f"CREATE TEMP TABLE IF NOT EXISTS {_stage_name(shape)} ON COMMIT DELETE ROWS "
         f"AS SELECT {names} FROM {_q(table)} WITH NO DATA"
     )
 
@@ -257,10 +260,10 @@ async def prepare_stages(conn: AsyncConnection, plan: Plan) -> None:
     """Create the plan's stage tables a connection lacks, outside the batch's transaction (on
     an autocommit connection): a batch then needs one statement less per shape."""
     known = _stages.setdefault(conn, set())
-    for name, columns, _ in plan.upserts:
-        stage = _stage_name(name, columns)
+    for shape in plan.upserts:
+        stage = _stage_name(shape)
         if stage not in known:
-            await conn.execute(_create_stage(name, columns))
+            await conn.execute(_create_stage(shape))
             known.add(stage)
 
 
@@ -344,10 +347,10 @@ async def write_plan(
                     direct.landed(shape)
                     continue
                 direct.refused(shape)
-            stage = _stage_name(name, columns)
+            stage = _stage_name(shape)
             names = ", ".join(map(_q, columns))
             if not prepared:
-                await cur.execute(_create_stage(name, columns))
+                await cur.execute(_create_stage(shape))
             if method == "executemany":
                 marks = ", ".join(["%s"] * len(columns))
                 await cur.executemany(f"INSERT INTO {stage} ({names}) VALUES ({marks})", values)
