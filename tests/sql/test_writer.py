@@ -68,6 +68,37 @@ async def test_ddl_changed_without_a_new_version_is_refused_whitespace_aside(
             await ensure_schema(conn, PROJECTION)
 
 
+async def test_a_role_granted_rows_only_starts_and_an_older_schemas_table_gets_its_digest(
+    database: DatabaseSettings,
+) -> None:
+    """A service's role that may write the rows but does not own the bookkeeping tables (made
+    by another role) starts: nothing it is not allowed to do runs once the tables are there.
+    A schemas table from before the DDL digest gets the column."""
+    import uuid
+
+    role = f"dml_{uuid.uuid4().hex[:8]}"
+    async with await connect(database) as conn:
+        assert await ensure_schema(conn, PROJECTION) is True
+        await conn.execute("ALTER TABLE enhydra_sql_schemas DROP COLUMN ddl_digest")
+        assert await ensure_schema(conn, PROJECTION) is False  # the column is back
+        cur = await conn.execute("SELECT ddl_digest FROM enhydra_sql_schemas")
+        assert await cur.fetchall() == [(PROJECTION.ddl_digest,)]
+        await conn.execute(f"CREATE ROLE {role} NOLOGIN")
+        try:
+            await conn.execute(f"GRANT USAGE, CREATE ON SCHEMA public TO {role}")
+            await conn.execute(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON enhydra_sql_positions, "
+                f"enhydra_sql_schemas, accounts TO {role}"
+            )
+            await conn.execute(f"SET ROLE {role}")
+            assert await ensure_schema(conn, PROJECTION) is False
+            await conn.execute("RESET ROLE")
+        finally:
+            await conn.execute("RESET ROLE")
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")
+
+
 async def test_a_position_moved_by_another_writer_fences_this_one(
     database: DatabaseSettings,
 ) -> None:

@@ -160,8 +160,7 @@ class Rebuild:
         marker = f"{p.name}~rebuild"
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext('enhydra.sql.schema'))")
-            for statement in writer.BOOKKEEPING:
-                await conn.execute(statement)
+            await writer.ensure_bookkeeping(conn)
             cur = await conn.execute(
                 f"SELECT version, ddl_digest FROM {writer.SCHEMAS} WHERE projection = %s",
                 (marker,),

@@ -41,10 +41,23 @@ BOOKKEEPING = (
     " next_offset bigint NOT NULL, PRIMARY KEY (projection, topic, partition))",
     f"CREATE TABLE IF NOT EXISTS {SCHEMAS} ("
     " projection text PRIMARY KEY, version int NOT NULL,"
-    " created_at timestamptz NOT NULL DEFAULT now())",
-    # SqlProjection.ddl_digest; NULL in a database made before it was kept: taken as it is
-    f"ALTER TABLE {SCHEMAS} ADD COLUMN IF NOT EXISTS ddl_digest text",
+    " created_at timestamptz NOT NULL DEFAULT now(), ddl_digest text)",
 )
+# SqlProjection.ddl_digest, for a database made before it was kept (NULL there: taken as it
+# is). Only when the column is missing: ALTER TABLE needs the table's owner and its strongest
+# lock even when there is nothing to add, and a service's role may only have been granted DML.
+_DIGEST_COLUMN = (
+    f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "
+    f"'{SCHEMAS}'::regclass AND attname = 'ddl_digest' AND NOT attisdropped) THEN "
+    f"ALTER TABLE {SCHEMAS} ADD COLUMN ddl_digest text; END IF; END $$"
+)
+
+
+async def ensure_bookkeeping(conn: AsyncConnection) -> None:
+    """The positions and schemas tables, as this version of Enhydra keeps them (in the
+    caller's transaction, under its lock)."""
+    for statement in (*BOOKKEEPING, _DIGEST_COLUMN):
+        await conn.execute(statement)
 
 
 class SchemaMismatch(RuntimeError):
@@ -76,8 +89,7 @@ async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> boo
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('enhydra.sql.schema'))")
-        for statement in BOOKKEEPING:
-            await conn.execute(statement)
+        await ensure_bookkeeping(conn)
         cur = await conn.execute(
             f"SELECT version, ddl_digest FROM {SCHEMAS} WHERE projection = %s",
             (projection.name,),
