@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from enhydra.kafka.clients import as_connection, open_admin
+from enhydra.kafka.groups import committed_offsets
 from enhydra.testing.processes import wait_for_committed
 from ledger.workload import generate, model
 from tests.cluster.support import (
@@ -169,15 +171,21 @@ def test_an_instance_starts_with_one_broker_down_and_a_reset_waits_for_it(cluste
     assert node.stop()
     before = asyncio.run(durability(bootstrap, f"{app_id}-"))
 
+    async def group_offsets() -> dict:
+        async with open_admin(as_connection(bootstrap)) as admin:
+            return await committed_offsets(admin, app_id)
+
     (instance,) = cluster.start_instances(("i1",))
     feed(bootstrap, app_id, commands[100:])
     expected = model(commands)
     assert read_accounts([instance], sorted(expected)) == expected
     assert "fewer brokers up than the replication factor" in instance.log_tail(400)
     cluster.stop_instances()
+    offsets = asyncio.run(group_offsets())
 
     refused = cli({"ENHYDRA_BOOTSTRAP_SERVERS": bootstrap}, "reset", "--app", app_id, "--yes")
     assert refused.returncode != 0
     assert "Traceback" not in refused.stderr, refused.stderr
     assert "than the cluster has brokers up (2) to create a topic on" in refused.stderr
     assert asyncio.run(durability(bootstrap, f"{app_id}-")) == before  # nothing deleted
+    assert asyncio.run(group_offsets()) == offsets  # nor the group rewound

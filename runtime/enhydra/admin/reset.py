@@ -27,7 +27,13 @@ from aiokafka import TopicPartition
 
 from enhydra.kafka.clients import as_connection, open_admin, open_consumer
 from enhydra.kafka.groups import commit_offsets, consumer_groups, group_members
-from enhydra.kafka.topics import TopicError, TopicSpec, partition_counts, recreate_topics
+from enhydra.kafka.topics import (
+    TopicError,
+    TopicSpec,
+    partition_counts,
+    recreate_topics,
+    require_creatable,
+)
 from enhydra.settings import Connection
 
 
@@ -270,6 +276,11 @@ async def gather_facts(
 async def apply_reset(conn: Connection | str, plan: ResetPlan) -> None:
     """Do what the plan says, in the order that keeps a half-done reset safe to repeat."""
     conn = as_connection(conn)
+    if plan.recreate:  # nothing rewound unless the topics can be made again
+        try:
+            await require_creatable(conn)
+        except TopicError as exc:
+            raise ResetError(str(exc)) from exc
     await commit_offsets(conn, plan.group, plan.commands_topic, plan.offsets)
     for group in plan.projection_groups:
         await commit_offsets(conn, group, plan.events_topic, plan.events_offsets)

@@ -408,6 +408,14 @@ async def _ensure(
             )
 
 
+async def require_creatable(conn: Connection | str) -> None:
+    """Raise the one-line TopicError now if no topic could be created (more replicas than
+    brokers up): for a command that changes something else first (reset's group offsets)."""
+    conn = as_connection(conn)
+    async with open_admin(conn, client_id="enhydra-admin") as admin:
+        (await durability_for(admin, conn)).check_creatable()
+
+
 async def recreate_topics(
     conn: Connection | str, specs: list[TopicSpec], *, timeout: float = 60.0
 ) -> None:
