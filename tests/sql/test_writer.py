@@ -297,3 +297,40 @@ async def test_a_value_set_and_a_value_added_in_one_batch_merge_apart(
             await write_plan(conn, the_plan, tables, method, prepared=True)
         cur = await conn.execute("SELECT id, n FROM counters ORDER BY id")
         assert await cur.fetchall() == [("a", 2), ("b", 3)]
+
+
+async def test_a_table_with_row_level_security_is_merged_not_copied_into(
+    database: DatabaseSettings,
+) -> None:
+    """PostgreSQL refuses COPY FROM into a table with row-level security that applies to the
+    writer: the rows are merged, and that table is never copied into again."""
+    import uuid
+
+    role = f"rls_{uuid.uuid4().hex[:8]}"
+    tables = PROJECTION.by_name
+    direct = DirectCopy()
+    row = {"id": "a", "owner": "ann", "balance": 5, "events": 1}
+    async with await connect(database) as conn:
+        await ensure_schema(conn, PROJECTION)
+        stored = await table_columns(conn, PROJECTION.tables)
+        await conn.execute("ALTER TABLE accounts ENABLE ROW LEVEL SECURITY")
+        await conn.execute(f"CREATE ROLE {role} NOLOGIN")
+        try:
+            await conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON accounts TO {role}")
+            await conn.execute(f"CREATE POLICY everything ON accounts TO {role} USING (true)")
+            await conn.execute(f"SET ROLE {role}")
+            for key in ("a", "b"):
+                the_plan = plan([Upsert("accounts", {**row, "id": key})], tables)
+                await prepare_stages(conn, the_plan)
+                async with conn.transaction():
+                    await write_plan(
+                        conn, the_plan, tables, prepared=True, stored=stored, direct=direct
+                    )
+            shape = ("accounts", ("balance", "events", "id", "owner"), ())
+            assert not any(direct.worth_trying(shape) for _ in range(100))  # not a backoff
+            cur = await conn.execute("SELECT id FROM accounts ORDER BY id")
+            assert await cur.fetchall() == [("a",), ("b",)]
+        finally:
+            await conn.execute("RESET ROLE")
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")

@@ -287,7 +287,10 @@ class DirectCopy:
     three times the stage and merge. A batch holding a stored key is refused by the key's
     index, undone (a savepoint) and merged as usual; that shape then waits 2, 4, ... 64
     batches before it is tried again, so a projection that rewrites its rows pays little.
-    One per writer (a commit unit, a rebuild, a backfill task).
+    A table PostgreSQL will not COPY into (row-level security) is merged from then on. COPY
+    runs the table's triggers but not its rules (CREATE RULE): a table with rules should not
+    be written through a projection's whole rows. One per writer (a commit unit, a rebuild, a
+    backfill task).
     """
 
     LONGEST_WAIT = 64
@@ -295,8 +298,11 @@ class DirectCopy:
     def __init__(self) -> None:
         self._wait: dict[Shape, int] = {}  # batches to skip before the next try
         self._after_refusal: dict[Shape, int] = {}  # the wait a refusal sets
+        self._never: set[str] = set()  # tables COPY is not allowed into
 
     def worth_trying(self, shape: Shape) -> bool:
+        if shape[0] in self._never:
+            return False
         left = self._wait.get(shape, 0)
         if left:
             self._wait[shape] = left - 1
@@ -309,8 +315,13 @@ class DirectCopy:
         wait = min(self._after_refusal.get(shape, 1) * 2, self.LONGEST_WAIT)
         self._after_refusal[shape] = self._wait[shape] = wait
 
+    def not_allowed(self, table: str) -> None:
+        self._never.add(table)
 
-async def _copy_new_rows(conn: AsyncConnection, cur: Any, table: str, shape: Shape, rows) -> bool:
+
+async def _copy_new_rows(
+    conn: AsyncConnection, cur: Any, table: str, shape: Shape, rows, direct: DirectCopy
+) -> bool:
     """COPY whole rows straight into `table`, undone when one of their keys is stored (or a
     row is refused: the merge then says which); True when they landed."""
     names = ", ".join(map(_q, shape[1]))
@@ -319,9 +330,14 @@ async def _copy_new_rows(conn: AsyncConnection, cur: Any, table: str, shape: Sha
         async with conn.transaction(), cur.copy(f"COPY {_q(table)} ({names}) FROM STDIN") as copy:
             for row in rows:
                 await copy.write_row(row)
-        return True
     except ROW_ERRORS:
+        direct.refused(shape)
         return False
+    except psycopg.errors.FeatureNotSupported:  # "COPY FROM not supported with row-level security"
+        direct.not_allowed(table)
+        return False
+    direct.landed(shape)
+    return True
 
 
 async def write_plan(
@@ -354,11 +370,9 @@ async def write_plan(
             name, columns, add = shape
             table = tables[name]
             whole = stored is not None and stored.get(name, _UNKNOWN) <= set(columns)
-            if whole and not add and direct is not None and direct.worth_trying(shape):
-                if await _copy_new_rows(conn, cur, name, shape, values):
-                    direct.landed(shape)
-                    continue
-                direct.refused(shape)
+            straight = whole and not add and direct is not None and direct.worth_trying(shape)
+            if straight and await _copy_new_rows(conn, cur, name, shape, values, direct):
+                continue
             stage = _stage_name(shape)
             names = ", ".join(map(_q, columns))
             if not prepared:
