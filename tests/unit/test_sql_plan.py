@@ -104,3 +104,12 @@ def test_a_plan_leaves_the_tables_as_its_ops_one_at_a_time(t_rows, u_rows, ops) 
     keys = [(name, key_of(name, dict(zip(s, v, strict=True))))
             for (name, s, _), values in the_plan.upserts.items() for v in values]  # fmt: skip
     assert len(keys) == len(set(keys))  # each row once: the writer's stage holds a key once
+
+
+class Removal(Delete):
+    """A user's own kind of delete (model.check takes subclasses of the ops)."""
+
+
+def test_a_subclass_of_delete_deletes() -> None:
+    the_plan = plan([Upsert("t", {"id": "k0", "a": 1}), Removal("t", {"id": "k0"})], TABLES)
+    assert (the_plan.deletes, the_plan.upserts) == ({"t": [("k0",)]}, {})

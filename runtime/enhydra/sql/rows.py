@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from enhydra.sql.model import Delete, Op, Table
+from enhydra.sql.model import Delete, Op, Table, Upsert
 
 Shape = tuple[str, tuple[str, ...], tuple[str, ...]]  # table, columns, add columns
 
@@ -60,7 +60,7 @@ def plan(ops: Iterable[Op], tables: Mapping[str, Table]) -> Plan:
         key_of = keys.get(name)
         if key_of is None:
             key_of = keys[name] = _key_of(tables[name])
-        if type(op) is Delete:
+        if type(op) is Delete or (type(op) is not Upsert and isinstance(op, Delete)):
             ident = (name, key_of(op.key))
             deleted[ident] = None
             rows[ident] = None
