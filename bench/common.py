@@ -36,24 +36,6 @@ def progress(message: str) -> None:
 
 
 @contextlib.contextmanager
-def fresh_postgres() -> Iterator[object]:
-    """A PostgreSQL server of Debian's programs in a temporary folder, stopped and removed
-    after (enhydra.testing.sql.Postgres; `.url(db)` and `.password_file` reach it)."""
-    from enhydra.testing.sql import Postgres, find_server_bin
-
-    root = Path(tempfile.mkdtemp(prefix="enhydra-bench-pg-"))
-    root.chmod(0o755)
-    server = Postgres(find_server_bin(), root)
-    server.init()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.contextmanager
 def fresh_broker(keep: bool = False) -> Iterator[tuple[str, Path]]:
     """A new single-node broker in a temp dir: (bootstrap, temp dir for the run's files)."""
     root = Path(tempfile.mkdtemp(prefix="enhydra-bench-"))

@@ -39,13 +39,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench.common import (
     create_topics,
     fresh_broker,
-    fresh_postgres,
     load_average,
     machine,
     median,
     produce_fast,
     progress,
 )
+from enhydra.devtools.postgres import temporary_server
 from enhydra.kafka.topics import TopicSpec
 from enhydra.runtime import settle_heap
 from enhydra.settings import Settings
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="profile one more engine round")
     args = parser.parse_args()
     print(machine(), "| load", load_average())
-    with fresh_postgres() as server, fresh_broker() as (bootstrap, root):
+    with temporary_server("enhydra-bench-pg-") as server, fresh_broker() as (bootstrap, root):
         medians = asyncio.run(run(bootstrap, server, root, args))
     raw, loop, engine = medians["raw copy"], medians["raw loop"], medians["engine"]
     print(f"{'raw copy':12} {raw:>12,.0f} rows/s     (ceiling: no Kafka, no Python per event)")

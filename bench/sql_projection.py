@@ -31,7 +31,8 @@ import random
 import sys
 import time
 
-from bench.common import fresh_postgres, load_average, machine, median, progress
+from bench.common import load_average, machine, median, progress
+from enhydra.devtools.postgres import temporary_server
 from enhydra.sql import SqlProjection, Table, Upsert
 from enhydra.sql.config import URL_VAR, DatabaseConfigError, DatabaseSettings
 from enhydra.sql.rows import plan
@@ -154,7 +155,7 @@ def main() -> None:
             sys.exit(f"{exc} (the benchmark writes into that database's public schema)")
         medians = asyncio.run(run(db, ops, args.batch, args.repeat, keyed=args.updates == 0))
     else:  # a server of its own
-        with fresh_postgres() as server:
+        with temporary_server("enhydra-bench-pg-") as server:
             db = DatabaseSettings(server.url(), server.password_file)
             medians = asyncio.run(run(db, ops, args.batch, args.repeat, keyed=args.updates == 0))
     raw = medians["raw copy"]

@@ -25,13 +25,13 @@ import orjson
 from bench.common import (
     create_topics,
     fresh_broker,
-    fresh_postgres,
     load_average,
     machine,
     produce_fast,
     progress,
 )
 from bench.sql_engine import PARTITIONS, PROJECTION, events, fresh_database
+from enhydra.devtools.postgres import temporary_server
 from enhydra.kafka.topics import TopicSpec
 from enhydra.settings import Settings
 from enhydra.sql.config import DatabaseSettings
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000)
     args = parser.parse_args()
     print(machine(), "| load", load_average())
-    with fresh_postgres() as server, fresh_broker() as (bootstrap, root):
+    with temporary_server("enhydra-bench-pg-") as server, fresh_broker() as (bootstrap, root):
 
         async def run() -> Outcome:
             db = await fresh_database(server)

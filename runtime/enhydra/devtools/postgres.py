@@ -9,13 +9,15 @@ as the `postgres` user when the caller is root (PostgreSQL refuses to run as roo
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,3 +286,21 @@ def _port_free(port: int) -> bool:
 def _first_line(stderr: bytes | str | None) -> str:
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr or ""
     return (text.strip().splitlines() or ["no message"])[-1]
+
+
+@contextlib.contextmanager
+def temporary_server(prefix: str = "enhydra-pg-") -> Iterator[Postgres]:
+    """A server of Debian's programs in a new temporary folder, stopped and removed after:
+    the tests' session server and the benchmarks' (fsync off: they kill processes, not
+    machines)."""
+    bin_dir = find_server_bin()
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)  # initdb runs as the postgres user when this runs as root
+    server = Postgres(bin_dir, root)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
