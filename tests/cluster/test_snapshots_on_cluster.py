@@ -87,5 +87,5 @@ def test_snapshot_create_restore_and_clone_leave_durable_topics(cluster, app_id,
     twin_state = restored_state(asyncio.run(read_topic(bootstrap, f"{twin}-accounts-changelog")))
     assert twin_state == snapshot
     # the commands after the cut are processed again, once each
-    diff = restore_in_a_fresh_instance(cluster, model(commands + later))
+    diff = restore_in_a_fresh_instance(cluster, model(commands + later), caught_up=True)
     assert diff.ok, diff

@@ -30,7 +30,7 @@ from enhydra.testing.invariants import (
     compare_state,
     watch_progress,
 )
-from enhydra.testing.processes import ServiceProcess, service_env
+from enhydra.testing.processes import ServiceProcess, service_env, wait_for_committed
 from ledger.workload import generate, model
 from tests.integration.ledger_support import read_accounts
 
@@ -118,8 +118,13 @@ async def leaders(bootstrap: str, topic: str) -> dict[int, int]:
         return {p: cluster.leader_for_partition(TopicPartition(topic, p)) for p in found}
 
 
-def restore_in_a_fresh_instance(s: Scenario, expected: dict) -> StateDiff:
-    """Stop every instance, start one with an empty state dir, read every account through it."""
+def restore_in_a_fresh_instance(
+    s: Scenario, expected: dict, *, caught_up: bool = False
+) -> StateDiff:
+    """Stop every instance, start one with an empty state dir, read every account through it.
+
+    `caught_up`: first wait until its group has committed the whole commands topic (after a
+    snapshot restore, the commands after the cut are processed again once it is ready)."""
     s.stop_instances()
     env = service_env(
         app_id=s.app_id,
@@ -131,6 +136,9 @@ def restore_in_a_fresh_instance(s: Scenario, expected: dict) -> StateDiff:
     fresh = ServiceProcess(TARGET, env, s.tmp_path / "fresh.log").start()
     s.instances.append(fresh)
     fresh.wait_ready(timeout=90)
+    if caught_up:
+        commands = f"{s.app_id}-commands"
+        asyncio.run(wait_for_committed(s.kafka.bootstrap, s.app_id, commands, timeout=90))
     return compare_state(read_accounts([fresh], sorted(expected)), expected)
 
 
