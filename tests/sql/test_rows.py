@@ -103,7 +103,8 @@ def test_the_live_topology_check_knows_a_sql_projections_topics_without_a_databa
     from tests.sql.accounts import SERVICE
 
     monkeypatch.delenv("ENHYDRA_DATABASE_URL", raising=False)
-    monkeypatch.setenv("ENHYDRA_APP_ID", "bank")
-    specs = {spec.name: spec for spec in topic_specs(SERVICE.resolved())}
-    assert specs["bank-dlq"].history
-    assert specs["bank-accounts-changelog"].compacted
+    resolved = SERVICE.resolved()  # its settings as this process has them (another test's too)
+    settings = resolved.settings
+    specs = {spec.name: spec for spec in topic_specs(resolved)}
+    assert specs[settings.dlq_topic].history
+    assert specs[f"{settings.app_id}-accounts-changelog"].compacted
