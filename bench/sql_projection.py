@@ -127,7 +127,7 @@ async def run(
                             variant,
                             prepared=True,
                             stored=stored,
-                            direct=direct if variant == "copy" else None,
+                            direct=direct,
                         )
                         await move_positions(
                             conn, "bench", "events", {0: (start[0] + n, start[0] + n + 1)}

@@ -289,7 +289,7 @@ class _Attempt:
                     unit.method,
                     prepared=True,
                     stored=unit.columns,
-                    direct=unit.direct if unit.method == "copy" else None,
+                    direct=unit.direct,
                 )
                 await writer.move_positions(conn, unit.projection.positions_key, topic, self.moves)
             unit.stats["rows"] += the_plan.rows

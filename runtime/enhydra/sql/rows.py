@@ -60,7 +60,7 @@ def plan(ops: Iterable[Op], tables: Mapping[str, Table]) -> Plan:
         key_of = keys.get(name)
         if key_of is None:
             key_of = keys[name] = _key_of(tables[name])
-        if type(op) is Delete or (type(op) is not Upsert and isinstance(op, Delete)):
+        if type(op) is not Upsert and isinstance(op, Delete):  # upserts are the usual op
             ident = (name, key_of(op.key))
             deleted[ident] = None
             rows[ident] = None

@@ -357,11 +357,10 @@ async def write_plan(
     `clear` when the transaction writes several plans), filled by COPY or by a pipelined
     executemany, then merged (merge_sql). `prepared`: prepare_stages created them already.
     `stored` (table_columns): a shape naming all of its table's columns merges in one statement,
-    and with `direct`, is first copied straight into the table (DirectCopy).
+    and with `direct` and the `copy` method, is first copied straight into the table.
     """
     async with _json_cursor(conn) as cur:
-        if plan.upserts:
-            await cur.execute(_INDEX_LOOKUPS)
+        lookups_set = False
         for name, keys in plan.deletes.items():
             table = tables[name]
             where = " AND ".join(f"{_q(c)} = %s" for c in table.key)
@@ -370,8 +369,9 @@ async def write_plan(
             name, columns, add = shape
             table = tables[name]
             whole = stored is not None and stored.get(name, _UNKNOWN) <= set(columns)
-            straight = whole and not add and direct is not None and direct.worth_trying(shape)
-            if straight and await _copy_new_rows(conn, cur, name, shape, values, direct):
+            straight = whole and not add and method == "copy" and direct is not None
+            straight = straight and direct.worth_trying(shape)  # type: ignore[union-attr]
+            if straight and await _copy_new_rows(conn, cur, name, shape, values, direct):  # type: ignore[arg-type]
                 continue
             stage = _stage_name(shape)
             names = ", ".join(map(_q, columns))
@@ -384,6 +384,9 @@ async def write_plan(
                 async with cur.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
                     for row in values:
                         await copy.write_row(row)
+            if not lookups_set:  # once per transaction, and only when something is merged
+                await cur.execute(_INDEX_LOOKUPS)
+                lookups_set = True
             update, insert = merge_sql(table, columns, add, stage, whole)
             if update is not None:
                 await cur.execute(update)
