@@ -175,7 +175,8 @@ async def record_limit(settings: Settings, topics: list[str], client_id: str) ->
     max_request_size and the max.message.bytes of every topic written (outputs, changelog,
     DLQ). The pure step checks each record against it before anything of the batch is sent."""
     limits = await max_message_bytes(settings.connection, topics, client_id=client_id)
-    return min(MAX_REQUEST_SIZE, *limits.values())
+    # No limit read (a broker that does not know the topics just created yet): the request size.
+    return min([MAX_REQUEST_SIZE, *limits.values()])
 
 
 async def warm_up(producer: Producer, topics: list[str]) -> None:
