@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from enhydra.devtools.broker import free_port
+from enhydra.devtools.ports import free_port
 from enhydra.devtools.toxiproxy import ToxiproxyServer
 from enhydra.testing.toxiproxy import Toxiproxy, ToxiproxyApiError
 

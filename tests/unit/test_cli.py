@@ -10,7 +10,6 @@ import dataclasses
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from enhydra.cli.common import StatusLine
 from enhydra.cli.main import main
 from enhydra.contracts.codec import Entry, encode_entry
 from enhydra.snapshots import Cut, SnapshotWriter
+from enhydra.testing.processes import free_port
 
 
 def commands(
@@ -323,12 +323,6 @@ def test_the_old_service_option_still_works_and_says_what_to_use(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------- enhydra query
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_query_fails_at_once_when_no_instance_answers() -> None:

@@ -5,13 +5,14 @@ user runs it, in its own process, from a folder inside a small project."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from enhydra.testing.processes import free_port
 
 SERVICE = """
 from enhydra import Aggregate, Service
@@ -27,12 +28,6 @@ def apply(state, event):
 
 service = Service("shop-app", Aggregate("items", decide=decide, apply=apply), web_port={port})
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,7 @@ import pytest
 
 from enhydra.errors.uncaught import EXIT_CANNOT_START
 from enhydra.preflight import StartupConflict, check_web_port, claim_state_dir
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from enhydra.testing.processes import free_port
 
 
 def test_a_state_folder_is_claimed_by_one_instance_at_a_time(tmp_path: Path) -> None:

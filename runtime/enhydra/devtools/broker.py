@@ -36,6 +36,7 @@ from enhydra.devtools.broker_security import (
     listener_properties,
     scram_format_args,
 )
+from enhydra.devtools.ports import free_port, port_free
 from enhydra.devtools.process import run_streaming
 
 # The cache, Java and Maven are shared with spark/jars.py: they live in enhydra.toolcache.
@@ -591,28 +592,6 @@ def _port_accepts(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def _port_free(port: int) -> bool:
-    """Whether Kafka could bind the port (Java sets SO_REUSEADDR, so TIME_WAIT is fine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(exclude: set[int] | None = None) -> int:
-    """A port the OS considers free right now on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port = int(sock.getsockname()[1])
-        if port not in (exclude or set()):
-            return port
-    raise BrokerError("could not find a free TCP port on 127.0.0.1")
-
-
 def _kafka_metadata_ok(bootstrap: str, timeout: float) -> bool:
     """A Metadata request succeeds and lists our broker (i.e. it is registered and unfenced).
 
@@ -786,7 +765,7 @@ class LocalBroker:
 
     def _choose_ports(self, previous: BrokerState | None) -> tuple[int, int]:
         if self.port == 0:
-            if previous is not None and _port_free(previous.port):
+            if previous is not None and port_free(previous.port):
                 port = previous.port
             else:
                 port = free_port()
@@ -794,7 +773,7 @@ class LocalBroker:
             port = previous.port if previous is not None else DEFAULT_PORT
         else:
             port = self.port
-        if not _port_free(port):
+        if not port_free(port):
             raise BrokerError(
                 f"{HOST}:{port} is already in use by another process; stop it or choose "
                 "another port (--port N, or --port 0 for any free port)"
@@ -804,7 +783,7 @@ class LocalBroker:
         elif (
             previous is not None
             and previous.controller_port != port
-            and _port_free(previous.controller_port)
+            and port_free(previous.controller_port)
         ):
             controller_port = previous.controller_port
         else:
@@ -863,7 +842,7 @@ class LocalBroker:
         """The SASL_SSL and SSL ports: those of the last start when still free, else new ones."""
         chosen = []
         for last in (previous.sasl_ssl_port, previous.ssl_port) if previous else (None, None):
-            if last and last not in taken and _port_free(last):
+            if last and last not in taken and port_free(last):
                 port = last
             else:
                 port = free_port(exclude=taken)
@@ -999,7 +978,7 @@ class LocalBroker:
         while True:
             _reap(pid)
             alive = _exists(pid) and (pid in _SPAWNED or not _is_zombie(pid))
-            held = [port for port in self._ports() if not _port_free(port)]
+            held = [port for port in self._ports() if not port_free(port)]
             if not alive and not held:
                 return
             if time.monotonic() > deadline:

@@ -14,13 +14,13 @@ import glob
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from enhydra.devtools.ports import free_port, port_free
 from enhydra.toolcache import cache_root
 
 DEFAULT_PORT = 5432
@@ -29,12 +29,6 @@ DATABASE = "postgres"
 
 class PostgresError(RuntimeError):
     """The dev server cannot start or stop; the message says why and what to do."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 PASSWORD = "enhydra-test-password"
@@ -80,7 +74,7 @@ class Postgres:
         self.bin = bin_dir
         self.root = root
         self.data = root / "data"
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.password_file = root / "password"
         self.settings = dict(settings or {})  # more server settings (-c name=value): TLS
 
@@ -241,8 +235,8 @@ def start(root: Path | None = None, port: int | None = None) -> tuple[Running, b
     last = root / "port"
     if not port:
         previous = int(last.read_text()) if last.is_file() else None
-        port = previous or (DEFAULT_PORT if _port_free(DEFAULT_PORT) else None)
-    if port and not _port_free(port):
+        port = previous or (DEFAULT_PORT if port_free(DEFAULT_PORT) else None)
+    if port and not port_free(port):
         raise PostgresError(
             f"port {port} is taken by another program: give another one (--port, or "
             "POSTGRES_PORT=n for make run)"
@@ -272,15 +266,6 @@ def stop(root: Path | None = None) -> Running | None:
         return None
     Postgres(find_server_bin(install=False), root, found.port).stop("fast")
     return found
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _first_line(stderr: bytes | str | None) -> str:

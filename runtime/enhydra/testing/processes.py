@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enhydra.devtools.ports import free_port
 from enhydra.kafka.clients import as_connection, open_admin, open_producer
 from enhydra.kafka.groups import committed_offsets
 from enhydra.kafka.reading import end_offsets, read_all
@@ -36,12 +36,6 @@ __all__ = [
     "service_env",
     "wait_for_committed",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, Any]:
