@@ -69,6 +69,8 @@ def test_database_settings_never_show_the_password(tmp_path) -> None:
         == "postgresql://app:***@db/r?PASSWORD=***"
     )
     assert "s3cret" not in repr(DatabaseSettings(url))
+    encoded = "postgresql://db/r?pass%77ord=s3cret&ssl%70assword=k3y&passwords=kept"
+    assert redact(encoded) == "postgresql://db/r?pass%77ord=***&ssl%70assword=***&passwords=kept"
     with pytest.raises(DatabaseConfigError, match="ENHYDRA_DATABASE_URL is not set"):
         DatabaseSettings.from_env({})
     with pytest.raises(DatabaseConfigError, match="not a readable file"):
@@ -108,3 +110,24 @@ def test_the_live_topology_check_knows_a_sql_projections_topics_without_a_databa
     specs = {spec.name: spec for spec in topic_specs(resolved)}
     assert specs[settings.dlq_topic].history
     assert specs[f"{settings.app_id}-accounts-changelog"].compacted
+
+
+def test_the_pool_and_connect_timeout_come_from_the_environment_or_fail_naming_the_setting():
+    url = "postgresql://app@db:5432/reads"
+    default = DatabaseSettings.from_env({"ENHYDRA_DATABASE_URL": url})
+    assert (default.pool_min, default.pool_max, default.connect_timeout_s) == (1, 4, 5.0)
+    env = {
+        "ENHYDRA_DATABASE_URL": url,
+        "ENHYDRA_DATABASE_POOL_MAX": "2",
+        "ENHYDRA_DATABASE_CONNECT_TIMEOUT_S": "0.5",
+    }
+    settings = DatabaseSettings.from_env(env)
+    assert (settings.pool_min, settings.pool_max, settings.connect_timeout_s) == (1, 2, 0.5)
+    for name, value, reason in [
+        ("ENHYDRA_DATABASE_POOL_MAX", "four", "whole number"),
+        ("ENHYDRA_DATABASE_POOL_MAX", "0", "1 to 100"),
+        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "-1", "seconds"),
+        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "soon", "seconds"),
+    ]:
+        with pytest.raises(DatabaseConfigError, match=f"^{name}=.*{reason}"):
+            DatabaseSettings.from_env({**env, name: value})

@@ -2,6 +2,8 @@
 
     ENHYDRA_DATABASE_URL=postgresql://enhydra@db:5432/reads?sslmode=verify-full&sslrootcert=...
     ENHYDRA_DATABASE_PASSWORD_FILE=/run/secrets/db-password    (optional)
+    ENHYDRA_DATABASE_POOL_MAX=4                 connections per instance at most (optional)
+    ENHYDRA_DATABASE_CONNECT_TIMEOUT_S=5        a connection not made by then is retried
 
 TLS goes in the URL as libpq takes it (sslmode, sslrootcert, sslcert, sslkey). The password is
 read from its file when the pool connects, and no log line or error shows the URL's password.
@@ -10,14 +12,15 @@ read from its file when the pool connects, and no log line or error shows the UR
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 URL_VAR = "ENHYDRA_DATABASE_URL"
 PASSWORD_FILE_VAR = "ENHYDRA_DATABASE_PASSWORD_FILE"
+POOL_MAX_VAR = "ENHYDRA_DATABASE_POOL_MAX"
+CONNECT_TIMEOUT_VAR = "ENHYDRA_DATABASE_CONNECT_TIMEOUT_S"
 
 
 class DatabaseConfigError(ValueError):
@@ -25,14 +28,25 @@ class DatabaseConfigError(ValueError):
 
 
 # libpq also takes the password, and the client key's passphrase, as query parameters.
-_SECRET_PARAMETER = re.compile(r"(?i)(^|&)(password|sslpassword)=[^&]*")
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def _redact_query(query: str) -> str:
+    """Each secret parameter's value replaced, its name matched as libpq decodes it
+    (`pass%77ord=` is `password=`)."""
+    pairs = []
+    for pair in query.split("&"):
+        name, equals, _ = pair.partition("=")
+        secret = equals and unquote_plus(name).strip().lower() in _SECRET_PARAMETERS
+        pairs.append(f"{name}=***" if secret else pair)
+    return "&".join(pairs)
 
 
 def redact(url: str) -> str:
     """The URL with its passwords replaced (user:password@, ?password=, ?sslpassword=), fit
     for a log line."""
     parts = urlsplit(url)
-    query = _SECRET_PARAMETER.sub(r"\1\2=***", parts.query)
+    query = _redact_query(parts.query)
     if parts.password is None:
         return urlunsplit(parts._replace(query=query))
     host = parts.hostname or ""
@@ -71,7 +85,13 @@ class DatabaseSettings:
         path = Path(raw) if raw else None
         if path is not None and not path.is_file():
             raise DatabaseConfigError(f"{PASSWORD_FILE_VAR}={raw}: not a readable file")
-        return cls(url, path)
+        pool_max = _number(env, POOL_MAX_VAR, int, cls.pool_max, "a whole number from 1 to 100")
+        if not 1 <= pool_max <= 100:
+            raise DatabaseConfigError(f"{POOL_MAX_VAR}={pool_max}: expected 1 to 100 connections")
+        timeout = _number(env, CONNECT_TIMEOUT_VAR, float, cls.connect_timeout_s, "seconds, > 0")
+        if not 0 < timeout <= 600:
+            raise DatabaseConfigError(f"{CONNECT_TIMEOUT_VAR}={timeout}: expected seconds, 0-600")
+        return cls(url, path, min(cls.pool_min, pool_max), pool_max, timeout)
 
     def conninfo(self) -> str:
         """What libpq connects with: the URL, its password from the file when one is given."""
@@ -89,3 +109,13 @@ class DatabaseSettings:
 
     def describe(self) -> str:
         return redact(self.url)
+
+
+def _number(env: Mapping[str, str], name: str, kind: type, default: float, expected: str):
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise DatabaseConfigError(f"{name}={raw!r}: expected {expected}") from None
