@@ -16,7 +16,7 @@ pytest.importorskip("psycopg")
 
 from enhydra.kafka.topics import TopicSpec, ensure_topics
 from enhydra.settings import Settings
-from enhydra.sql import SqlProjection
+from enhydra.sql import SqlProjection, Table
 from enhydra.sql.config import DatabaseSettings
 from enhydra.sql.engine import SqlProjectionEngine
 from enhydra.sql.rebuild import Progress, Rebuild
@@ -132,6 +132,51 @@ async def test_an_interrupted_rebuild_of_a_new_version_resumes_and_fences_the_ol
     finally:
         await successor.stop()
     assert await table(database) == model(events + later)
+
+
+@pytest.mark.parametrize("change", ["ddl", "no digest"])
+async def test_an_interrupted_rebuild_starts_over_when_its_tables_may_have_another_ddl(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings, change: str
+) -> None:
+    """Resuming keeps the half-filled tables; it may only when they were made from this DDL."""
+    import psycopg
+
+    settings = Settings.from_env(env_for(kafka_bootstrap, app_id, tmp_path / "state"))
+    topic = f"{app_id}-events"
+    events = history(30, 12, seed=16)
+    await ensure_topics(settings.connection, [TopicSpec(topic, 4)])
+    await produce(kafka_bootstrap, topic, events)
+    newer = SqlProjection(PROJECTION.name, PROJECTION.project, (ACCOUNTS,), version=2)
+
+    def interrupt(progress: Progress) -> None:
+        if progress.folded >= 60:
+            raise KeyboardInterrupt
+
+    stopped = Rebuild(settings, database, newer, topic, batch_records=30, on_progress=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        await stopped.run()
+    if change == "ddl":  # the same version, a table changed in between (a wider CHECK)
+        widened = ACCOUNTS.ddl.replace("<= 12", "<= 40")
+        table_now = Table(ACCOUNTS.name, ACCOUNTS.key, widened)
+        newer = SqlProjection(PROJECTION.name, PROJECTION.project, (table_now,), version=2)
+    else:  # the marker as code before the digest wrote it
+        async with await psycopg.AsyncConnection.connect(database.conninfo()) as conn:
+            await conn.execute(
+                "UPDATE enhydra_sql_schemas SET ddl_digest = NULL WHERE projection LIKE %s",
+                (f"{PROJECTION.name}~rebuild",),
+            )
+            await conn.commit()
+    restarted = Rebuild(settings, database, newer, topic, batch_records=30)
+    await restarted.run()
+    assert stopped.folded >= 60
+    assert restarted.folded == len(events)  # filled again from the start, not resumed
+    assert await table(database) == model(events)
+    async with await psycopg.AsyncConnection.connect(database.conninfo()) as conn:
+        cur = await conn.execute(
+            "SELECT version, ddl_digest FROM enhydra_sql_schemas WHERE projection = %s",
+            (PROJECTION.name,),
+        )
+        assert await cur.fetchone() == (2, newer.ddl_digest)
 
 
 async def test_the_command_rebuilds_and_says_so_and_refuses_an_unknown_name_in_one_line(

@@ -166,8 +166,9 @@ class Rebuild:
                 (marker,),
             )
             row = await cur.fetchone()
-            # the same version, its tables made from the same DDL: what is filled is kept
-            if row is not None and row[0] == p.version and row[1] in (None, p.ddl_digest):
+            # the same version, its tables made from the same DDL: what is filled is kept. A
+            # marker without a digest (older code) cannot say which DDL: the fill starts over.
+            if row is not None and row[0] == p.version and row[1] == p.ddl_digest:
                 log.info("rebuild resumed", projection=p.name, version=p.version)
                 return live_schema
             schema = sql.Identifier(self.schema)
