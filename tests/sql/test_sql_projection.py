@@ -238,6 +238,67 @@ async def test_a_commit_whose_answer_was_lost_is_not_written_again(
     assert await table(database) == model(events)
 
 
+async def test_a_previous_owner_folding_ahead_is_read_past_not_a_failure(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
+) -> None:
+    """Around a rebalance the previous owner's last batch can commit after this instance read
+    the position (a zombie). Here the test is that previous owner: it holds the table while the
+    engine's next batch waits, folds that batch's first events itself and moves the position.
+    The engine's batch then finds the position moved: it must read on from there, folding each
+    event once. Before: PartitionLost, and the instance stopped."""
+    import orjson
+    import psycopg
+
+    from enhydra.sql import writer
+    from enhydra.sql.fold import EventRows
+
+    settings = Settings.from_env(env_for(kafka_bootstrap, app_id, tmp_path / "state"))
+    topic = f"{app_id}-events"
+    events = history(24, 8, seed=21)
+    first, then = events[:120], events[120:]
+    engine = SqlProjectionEngine(settings, PROJECTION, topic, database=database)
+    await engine.start()
+    zombie = await psycopg.AsyncConnection.connect(database.conninfo())
+    try:
+        await produce(kafka_bootstrap, topic, first)
+        await caught_up(database, kafka_bootstrap, topic)
+        start = await positions(database)
+        await zombie.execute("LOCK TABLE accounts IN EXCLUSIVE MODE")
+        await produce(kafka_bootstrap, topic, then)
+        ends = await end_offsets(kafka_bootstrap, topic)
+        partition = max(ends, key=lambda p: ends[p] - start[p])
+        for _ in range(300):  # the engine's batch waits for the table
+            cur = await zombie.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if (await cur.fetchone())[0]:  # type: ignore[index]
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the engine never tried to write the second batch")
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, start[partition])
+            fetched = (await consumer.getmany(tp, timeout_ms=5000, max_records=5)).get(tp, [])
+        finally:
+            await consumer.stop()
+        assert fetched and fetched[0].offset == start[partition]
+        folded = [
+            EventRows(r, PROJECTION.project(r.key.decode(), orjson.loads(r.value))) for r in fetched
+        ]
+        moved = {partition: (start[partition], fetched[-1].offset + 1)}
+        await writer.write_batch(zombie, PROJECTION, PROJECTION.positions_key, topic, moved, folded)
+        await zombie.commit()  # the previous owner's late batch lands first
+        await caught_up(database, kafka_bootstrap, topic, timeout=60)
+        assert engine.failure is None
+        assert await positions(database) == ends
+    finally:
+        await zombie.close()
+        await engine.stop()
+    assert await table(database) == model(events)
+
+
 async def test_kill_9_mid_transaction_leaves_every_row_equal_to_the_fold(
     kafka_bootstrap: str, app_id: str, tmp_path: Path, database: DatabaseSettings
 ) -> None:

@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaTimeoutError
 from enhydra.assignment.protocol import MemberAssignment
 from enhydra.runner import runner as runner_module
 from enhydra.runner.batch import StepOutput
-from enhydra.runner.checkpoint import AtLeastOnce
+from enhydra.runner.checkpoint import AtLeastOnce, Flight, StaleBatch, begin_flight
 from enhydra.runner.runner import TaskRunner
 from enhydra.runner.tasks import TaskStatus
 from enhydra.settings import Settings
@@ -264,6 +264,39 @@ async def test_a_batch_dropped_after_a_stall_does_not_hold_back_the_next_ones(
     # One batch's worth of duplicates for the fault, no more.
     assert producer.topic(EVENTS) == [b"0", b"1", b"2", b"0", b"1", b"2", b"3"]
     assert producer.topic(CHANGELOG) == [b"0", b"1", b"2", b"3"]
+    runner.registry.close_all()
+
+
+async def test_a_flight_its_commit_unit_calls_stale_is_read_again_after_a_heartbeat(
+    settings: Settings,
+) -> None:
+    """A commit unit that finds another writer ahead (a SQL projection's position moved by a
+    previous owner's late batch) stops its flight with StaleBatch: the runner reads the batch
+    again and first lets the group's heartbeat say who owns the task; it does not fail."""
+    runner, producer = await running(settings, {0})
+    tp = TopicPartition(INPUT, 0)
+    checkpoint = runner._checkpoint
+    real_begin = checkpoint.begin
+
+    def ahead(*args: object) -> Flight:
+        async def fly(flight: Flight) -> list:
+            raise StaleBatch("another writer folded ahead")
+
+        checkpoint.begin = real_begin  # type: ignore[method-assign]
+        return begin_flight(fly)
+
+    checkpoint.begin = ahead  # type: ignore[method-assign]
+    await runner._process({tp: records(range(0, 3))})
+    await runner._land()
+    assert runner.failure is None and runner._stalled
+    assert runner._consumer.seeks[tp] == 0 and stored(runner, 0)[0] == -1
+    await runner._process({tp: records(range(0, 3))})  # fetched before the heartbeat: again
+    assert runner._consumer.seeks[tp] == 0 and producer.topic(EVENTS) == []
+    runner._stalled = False  # the heartbeat: still ours
+    runner._rewinds.clear()
+    await runner._process({tp: records(range(0, 3))})
+    await runner._land()
+    assert stored(runner, 0) == (2, b"2") and producer.topic(EVENTS) == [b"0", b"1", b"2"]
     runner.registry.close_all()
 
 

@@ -705,6 +705,10 @@ class TaskRunner:
                 await head.flight.done
             except StaleBatch:
                 self._drop_landing(head)
+                # Whoever stopped it (the stall guard, an unconfirmed membership, a commit unit
+                # that found another writer ahead) doubts this process still owns the tasks:
+                # the group's next heartbeat says, before anything is read again.
+                self._stalled = True
                 continue
             except Exception as exc:
                 self._fail(exc)

@@ -5,7 +5,11 @@ moves each events partition's position from the offset this instance last read o
 the one after the batch. So the tables are exactly-once with respect to the events topic
 whatever crashes: a transaction that did not commit left nothing, and on assignment the
 input resumes at the stored position (`open_task` returns it; Kafka's committed offsets are
-not used). A position someone else moved means a newer owner: the task stops (PartitionLost).
+not used). A position another writer moved forward means two instances folded the partition
+around a rebalance (a previous owner's last batch landing late, or this one being that previous
+owner): what they folded is in the tables, so the batch is dropped and read again from the
+stored position (PositionMoved), and the group's next heartbeat says who owns it. A position
+gone or moved back (a rebuild's swap to a new version, a reset) stops the task (PartitionLost).
 
 A row the database refuses (a constraint, a value out of range) fails the whole batch; the
 batch is then written again one event at a time, each under a savepoint: an event whose rows
@@ -37,6 +41,7 @@ from enhydra.runner.batch import PartitionWrite
 from enhydra.runner.checkpoint import (
     Flight,
     Guard,
+    StaleBatch,
     Written,
     begin_flight,
     record_limit,
@@ -224,7 +229,11 @@ class SqlCommit:
                 ]
             if moves:
                 attempt = _Attempt(self, moves, events)
-                await self._db("write a batch", attempt)
+                try:
+                    await self._db("write a batch", attempt)
+                except writer.PartitionLost:
+                    await self._moved_on(moves)
+                    raise
                 for partition, (_, new) in moves.items():
                     self.next[partition] = new
             flight.published_at = flight.done_at = time.time()
@@ -239,6 +248,27 @@ class SqlCommit:
                 stores[write.partition].write([], input_offset=write.last_offset)
             written.append(Written(write.partition, None, write.last_offset))
         return written
+
+    async def _moved_on(self, moves: Mapping[int, tuple[int, int]]) -> None:
+        """After PartitionLost: raise PositionMoved when every position of the batch is where
+        it started or further on (another writer folded ahead), moving this unit's next offsets
+        there; return (the loss stands) when one is gone or moved back."""
+        key, topic = self.projection.positions_key, self.input_topic
+
+        async def load(conn: AsyncConnection) -> dict[int, int]:
+            return await writer.stored_positions(conn, key, topic, moves)
+
+        stored = await self._db("read the stored positions", load)
+        if any(stored.get(p, -1) < start for p, (start, _) in moves.items()):
+            return
+        self.next.update(stored)
+        ahead = {p: o for p, o in stored.items() if o > moves[p][0]}
+        log.warning(
+            "another writer folded ahead of this batch; reading it again from there",
+            projection=self.projection.name,
+            positions=ahead,
+        )
+        raise PositionMoved(f"positions {ahead} were moved by another writer") from None
 
     async def dead_letter(self, partition: int, failures: list[tuple[Any, BaseException]]) -> None:
         """Publish refused events to the DLQ and wait for the acknowledgements."""
@@ -256,6 +286,11 @@ class SqlCommit:
             key, value, headers = within(record.key, record.value, headers, self.max_record_bytes)
             futures.append(await self._producer.send(s.dlq_topic, value, key=key, headers=headers))
         await asyncio.gather(*futures)
+
+
+class PositionMoved(StaleBatch):
+    """Another writer folded the partition past this batch's start: the batch is read again
+    from the stored position (the runner drops it, as after a stall), folding only the rest."""
 
 
 class _Attempt:
@@ -306,12 +341,12 @@ class _Attempt:
     async def _committed(self, conn: AsyncConnection) -> bool:
         """After a failed attempt: True when it committed after all (its positions moved)."""
         unit = self.unit
-        stored = await writer.load_positions(
+        stored = await writer.stored_positions(
             conn, unit.projection.positions_key, unit.input_topic, self.moves
         )
-        if all(stored[p] == new for p, (_, new) in self.moves.items()):
+        if all(stored.get(p) == new for p, (_, new) in self.moves.items()):
             return True
-        if all(stored[p] == old for p, (old, _) in self.moves.items()):
+        if all(stored.get(p) == old for p, (old, _) in self.moves.items()):
             return False
         raise writer.PartitionLost(
             f"projection {unit.projection.name!r}: positions {stored} match neither the batch's "

@@ -147,6 +147,19 @@ async def load_positions(
         return {p: o for p, o in await cur.fetchall()}
 
 
+async def stored_positions(
+    conn: AsyncConnection, projection: str, topic: str, partitions: Iterable[int]
+) -> dict[int, int]:
+    """The positions stored for these partitions, as they are: a partition without one (never
+    written, or a rebuild's swap removed this version's) is left out, not created."""
+    cur = await conn.execute(
+        f"SELECT partition, next_offset FROM {POSITIONS} "
+        "WHERE projection = %s AND topic = %s AND partition = ANY(%s)",
+        (projection, topic, sorted(partitions)),
+    )
+    return {p: o for p, o in await cur.fetchall()}
+
+
 async def move_positions(
     conn: AsyncConnection,
     projection: str,
