@@ -69,6 +69,12 @@ def test_database_settings_never_show_the_password(tmp_path) -> None:
         == "postgresql://app:***@db/r?PASSWORD=***"
     )
     assert "s3cret" not in repr(DatabaseSettings(url))
+    # libpq's split, not a web URL's: a `#` or `?` in the password, a `#` in a query value
+    assert redact("postgresql://app:pa#s?s@db/r") == "postgresql://app:***@db/r"
+    assert redact("postgresql://db/r?password=ab#cd&x=1") == "postgresql://db/r?password=***&x=1"
+    assert (
+        redact("postgresql://app@db/r?sslmode=require") == "postgresql://app@db/r?sslmode=require"
+    )
     encoded = "postgresql://db/r?pass%77ord=s3cret&ssl%70assword=k3y&passwords=kept"
     assert redact(encoded) == "postgresql://db/r?pass%77ord=***&ssl%70assword=***&passwords=kept"
     with pytest.raises(DatabaseConfigError, match="ENHYDRA_DATABASE_URL is not set"):
@@ -119,15 +125,15 @@ def test_the_pool_and_connect_timeout_come_from_the_environment_or_fail_naming_t
     env = {
         "ENHYDRA_DATABASE_URL": url,
         "ENHYDRA_DATABASE_POOL_MAX": "2",
-        "ENHYDRA_DATABASE_CONNECT_TIMEOUT_S": "0.5",
+        "ENHYDRA_DATABASE_CONNECT_TIMEOUT_S": "2.5",
     }
     settings = DatabaseSettings.from_env(env)
-    assert (settings.pool_min, settings.pool_max, settings.connect_timeout_s) == (1, 2, 0.5)
+    assert (settings.pool_min, settings.pool_max, settings.connect_timeout_s) == (1, 2, 2.5)
     for name, value, reason in [
         ("ENHYDRA_DATABASE_POOL_MAX", "four", "whole number"),
         ("ENHYDRA_DATABASE_POOL_MAX", "0", "1 to 100"),
-        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "-1", "seconds"),
-        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "soon", "seconds"),
+        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "1", "2 to 600 seconds"),
+        ("ENHYDRA_DATABASE_CONNECT_TIMEOUT_S", "soon", "2-600 seconds"),
     ]:
         with pytest.raises(DatabaseConfigError, match=f"^{name}=.*{reason}"):
             DatabaseSettings.from_env({**env, name: value})

@@ -21,10 +21,11 @@ from aiokafka.errors import KafkaTimeoutError
 from enhydra.assignment.protocol import MemberAssignment
 from enhydra.runner import runner as runner_module
 from enhydra.runner.batch import StepOutput
-from enhydra.runner.checkpoint import AtLeastOnce, Flight, StaleBatch, begin_flight
+from enhydra.runner.checkpoint import AtLeastOnce, Flight, MembershipLost, begin_flight
 from enhydra.runner.runner import TaskRunner
 from enhydra.runner.tasks import TaskStatus
 from enhydra.settings import Settings
+from enhydra.sql.commit import PositionMoved
 
 INPUT, CHANGELOG, EVENTS = "in", "in-changelog", "events"
 
@@ -214,6 +215,21 @@ async def running(settings: Settings, partitions: set[int]) -> tuple[TaskRunner,
     return runner, producer
 
 
+def fail_next_flight(runner: TaskRunner, error: BaseException) -> None:
+    """The commit unit's next flight fails with `error`; later ones fly as usual."""
+    checkpoint = runner._checkpoint
+    real_begin = checkpoint.begin
+
+    def failing(*args: object) -> Flight:
+        async def fly(flight: Flight) -> list:
+            raise error
+
+        checkpoint.begin = real_begin  # type: ignore[method-assign]
+        return begin_flight(fly)
+
+    checkpoint.begin = failing  # type: ignore[method-assign]
+
+
 def stored(runner: TaskRunner, partition: int) -> tuple[int, bytes | None]:
     store = runner.registry.tasks[partition].store
     return store.input_offset, store.get(b"k")
@@ -271,21 +287,11 @@ async def test_a_flight_its_commit_unit_calls_stale_is_read_again_after_a_heartb
     settings: Settings,
 ) -> None:
     """A commit unit that finds another writer ahead (a SQL projection's position moved by a
-    previous owner's late batch) stops its flight with StaleBatch: the runner reads the batch
+    previous owner's late batch) stops its flight with PositionMoved: the runner reads the batch
     again and first lets the group's heartbeat say who owns the task; it does not fail."""
     runner, producer = await running(settings, {0})
     tp = TopicPartition(INPUT, 0)
-    checkpoint = runner._checkpoint
-    real_begin = checkpoint.begin
-
-    def ahead(*args: object) -> Flight:
-        async def fly(flight: Flight) -> list:
-            raise StaleBatch("another writer folded ahead")
-
-        checkpoint.begin = real_begin  # type: ignore[method-assign]
-        return begin_flight(fly)
-
-    checkpoint.begin = ahead  # type: ignore[method-assign]
+    fail_next_flight(runner, PositionMoved("another writer folded ahead"))
     await runner._process({tp: records(range(0, 3))})
     await runner._land()
     assert runner.failure is None and runner._stalled
@@ -297,6 +303,21 @@ async def test_a_flight_its_commit_unit_calls_stale_is_read_again_after_a_heartb
     await runner._process({tp: records(range(0, 3))})
     await runner._land()
     assert stored(runner, 0) == (2, b"2") and producer.topic(EVENTS) == [b"0", b"1", b"2"]
+    runner.registry.close_all()
+
+
+async def test_a_flight_dropped_for_an_unconfirmed_membership_does_not_hold_the_tasks(
+    settings: Settings,
+) -> None:
+    """MembershipLost drops the batch but leaves the watchdog free to call a task stuck: a
+    member the group never confirms must end in a restart, not hold its tasks quietly."""
+    runner, _ = await running(settings, {0})
+    tp = TopicPartition(INPUT, 0)
+    fail_next_flight(runner, MembershipLost("not confirmed"))
+    await runner._process({tp: records(range(0, 3))})
+    await runner._land()
+    assert runner.failure is None and not runner._stalled
+    assert runner._consumer.seeks[tp] == 0
     runner.registry.close_all()
 
 

@@ -36,7 +36,7 @@ from enhydra.devtools.broker_security import (
     listener_properties,
     scram_format_args,
 )
-from enhydra.devtools.ports import free_port, port_free
+from enhydra.devtools.ports import claim, free_port, port_free
 from enhydra.devtools.process import run_streaming
 
 # The cache, Java and Maven are shared with spark/jars.py: they live in enhydra.toolcache.
@@ -665,6 +665,7 @@ class LocalBroker:
         self.data_dir = (
             Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         ).resolve()
+        self._owner = str(self.data_dir)  # its reserved ports (devtools/ports.py) stay its own
         if port is not None and not 0 <= port <= 65535:
             raise BrokerError(f"invalid port {port}")
         self.port = port
@@ -765,10 +766,10 @@ class LocalBroker:
 
     def _choose_ports(self, previous: BrokerState | None) -> tuple[int, int]:
         if self.port == 0:
-            if previous is not None and port_free(previous.port):
+            if previous is not None and claim(previous.port, owner=self._owner):
                 port = previous.port
             else:
-                port = free_port()
+                port = free_port(owner=self._owner)
         elif self.port is None:
             port = previous.port if previous is not None else DEFAULT_PORT
         else:
@@ -783,11 +784,11 @@ class LocalBroker:
         elif (
             previous is not None
             and previous.controller_port != port
-            and port_free(previous.controller_port)
+            and claim(previous.controller_port, owner=self._owner)
         ):
             controller_port = previous.controller_port
         else:
-            controller_port = free_port(exclude={port})
+            controller_port = free_port(exclude={port}, owner=self._owner)
         return port, controller_port
 
     def _prepare(
@@ -842,10 +843,10 @@ class LocalBroker:
         """The SASL_SSL and SSL ports: those of the last start when still free, else new ones."""
         chosen = []
         for last in (previous.sasl_ssl_port, previous.ssl_port) if previous else (None, None):
-            if last and last not in taken and port_free(last):
+            if last and last not in taken and claim(last, owner=self._owner):
                 port = last
             else:
-                port = free_port(exclude=taken)
+                port = free_port(exclude=taken, owner=self._owner)
             taken.add(port)
             chosen.append(port)
         return chosen[0], chosen[1]

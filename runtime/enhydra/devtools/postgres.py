@@ -74,7 +74,10 @@ class Postgres:
         self.bin = bin_dir
         self.root = root
         self.data = root / "data"
-        self.port = port or free_port()
+        try:
+            self.port = port or free_port(owner=str(root))
+        except OSError as exc:
+            raise PostgresError(str(exc)) from None
         self.password_file = root / "password"
         self.settings = dict(settings or {})  # more server settings (-c name=value): TLS
 

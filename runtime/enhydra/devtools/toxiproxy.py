@@ -20,7 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from enhydra.devtools.broker import HOST, _file_lock, cache_root, free_port
+from enhydra.devtools.broker import HOST, _file_lock, cache_root
+from enhydra.devtools.ports import free_port
 from enhydra.devtools.process import run_streaming
 
 TOXIPROXY_VERSION = "v2.12.0"

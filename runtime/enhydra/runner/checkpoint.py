@@ -80,7 +80,12 @@ class Written:
 
 
 class StaleBatch(RuntimeError):
-    """This process stalled long enough to have lost its tasks: the batch must not be written."""
+    """This process stalled long enough to have lost its tasks: the batch must not be written.
+
+    `ask_the_group`: the runner waits for the group's next heartbeat before reading again, as
+    after a stall (a commit unit that found another writer ahead of it sets it)."""
+
+    ask_the_group = False
 
 
 Guard = Callable[[], None]  # raises StaleBatch when the batch may no longer be this process's

@@ -703,12 +703,10 @@ class TaskRunner:
                 self._last_flight = None
             try:
                 await head.flight.done
-            except StaleBatch:
+            except StaleBatch as stale:
                 self._drop_landing(head)
-                # Whoever stopped it (the stall guard, an unconfirmed membership, a commit unit
-                # that found another writer ahead) doubts this process still owns the tasks:
-                # the group's next heartbeat says, before anything is read again.
-                self._stalled = True
+                if stale.ask_the_group:  # the next heartbeat says who owns the tasks
+                    self._stalled = True
                 continue
             except Exception as exc:
                 self._fail(exc)

@@ -292,6 +292,8 @@ class PositionMoved(StaleBatch):
     """Another writer folded the partition past this batch's start: the batch is read again
     from the stored position (the runner drops it, as after a stall), folding only the rest."""
 
+    ask_the_group = True
+
 
 class _Attempt:
     """One try at a batch's transaction; a retry first learns whether the last one committed."""

@@ -3,7 +3,7 @@
     ENHYDRA_DATABASE_URL=postgresql://enhydra@db:5432/reads?sslmode=verify-full&sslrootcert=...
     ENHYDRA_DATABASE_PASSWORD_FILE=/run/secrets/db-password    (optional)
     ENHYDRA_DATABASE_POOL_MAX=4                 connections per instance at most (optional)
-    ENHYDRA_DATABASE_CONNECT_TIMEOUT_S=5        a connection not made by then is retried
+    ENHYDRA_DATABASE_CONNECT_TIMEOUT_S=5        2-600; a connection not made by then is retried
 
 TLS goes in the URL as libpq takes it (sslmode, sslrootcert, sslcert, sslkey). The password is
 read from its file when the pool connects, and no log line or error shows the URL's password.
@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import unquote_plus
 
 URL_VAR = "ENHYDRA_DATABASE_URL"
 PASSWORD_FILE_VAR = "ENHYDRA_DATABASE_PASSWORD_FILE"
@@ -44,16 +44,18 @@ def _redact_query(query: str) -> str:
 
 def redact(url: str) -> str:
     """The URL with its passwords replaced (user:password@, ?password=, ?sslpassword=), fit
-    for a log line."""
-    parts = urlsplit(url)
-    query = _redact_query(parts.query)
-    if parts.password is None:
-        return urlunsplit(parts._replace(query=query))
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    for a log line. Split as libpq splits it, not as a web URL: the user part ends at the
+    first `@` before any `/` (a `#` or `?` in a password is the password's), the query at the
+    end (libpq has no fragment)."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    ends = [i for i in (rest.find("@"), rest.find("/")) if i >= 0]
+    if ends and rest[min(ends)] == "@":
+        user, colon, _ = rest[: min(ends)].partition(":")
+        rest = f"{user}:***" + rest[min(ends) :] if colon else rest
+    head, question, query = rest.partition("?")
+    return f"{scheme}://{head}{question}{_redact_query(query)}"
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,12 @@ class DatabaseSettings:
         pool_max = _number(env, POOL_MAX_VAR, int, cls.pool_max, "a whole number from 1 to 100")
         if not 1 <= pool_max <= 100:
             raise DatabaseConfigError(f"{POOL_MAX_VAR}={pool_max}: expected 1 to 100 connections")
-        timeout = _number(env, CONNECT_TIMEOUT_VAR, float, cls.connect_timeout_s, "seconds, > 0")
-        if not 0 < timeout <= 600:
-            raise DatabaseConfigError(f"{CONNECT_TIMEOUT_VAR}={timeout}: expected seconds, 0-600")
+        timeout = _number(env, CONNECT_TIMEOUT_VAR, float, cls.connect_timeout_s, "2-600 seconds")
+        if not 2 <= timeout <= 600:
+            raise DatabaseConfigError(
+                f"{CONNECT_TIMEOUT_VAR}={timeout}: expected 2 to 600 seconds (libpq waits 2 s "
+                "at least)"
+            )
         return cls(url, path, min(cls.pool_min, pool_max), pool_max, timeout)
 
     def conninfo(self) -> str:
