@@ -89,6 +89,9 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
         {"type": "snapshot_request", "id": snapshot_id, "storage": str(storage), "cut": cut},
     ):
         records.append(seal({"origin": "insider", **message}, KEY))
+    # Signed with the shared secret for another app (copied from its control topic): refused.
+    neighbour = {"type": "shutdown_application", "origin": "neighbour"}
+    records.append(seal(neighbour, KEY, app=f"{app_id}-neighbour"))
     asyncio.run(write(kafka_bootstrap, topic, records))
 
     expected = {
@@ -98,6 +101,7 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
         "storage_not_configured": 1,
         "bad_snapshot_id": 1,
         "cut_below_position": 1,
+        "other_app": 1,
     }
     deadline = time.monotonic() + 20
     while rejected(one.url) != expected:
@@ -109,7 +113,7 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
     assert not elsewhere.exists()
     assert not storage.exists() or list(storage.iterdir()) == []
     ignored = [line for line in one.log_tail(400).splitlines() if "control message ignored" in line]
-    assert len(ignored) == 4, ignored  # once per origin: intruder, ghost, c1 (the replay), insider
+    assert len(ignored) == 5, ignored  # once per origin: intruder, ghost, c1, insider, neighbour
     assert KEY.decode() not in one.log_tail(400)
 
     # A signed request for another storage is answered at once, and changes nothing either.
@@ -123,5 +127,6 @@ def test_a_foreign_writer_on_the_control_topic_changes_nothing(
     )
     assert done["rows"] == 40 * 95 // 100 and (storage / done["id"] / "manifest.json").is_file()
     # ...and on a signed shutdown_application, as on one written by a peer that failed.
-    asyncio.run(write(kafka_bootstrap, topic, [seal({"type": "shutdown_application"}, KEY)]))
+    shutdown = seal({"type": "shutdown_application"}, KEY, app=app_id)
+    asyncio.run(write(kafka_bootstrap, topic, [shutdown]))
     assert one.process is not None and one.process.wait(30) == EXIT_SHUTDOWN_APPLICATION

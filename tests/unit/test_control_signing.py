@@ -42,6 +42,18 @@ def test_unsigned_wrongly_signed_tampered_and_stale_messages_are_refused() -> No
     assert verifier.check(b"{not json", headers)[1] == "unreadable"
 
 
+def test_a_message_signed_for_another_app_sharing_the_secret_is_refused() -> None:
+    """Two apps with one secret: a record copied from one's control topic into the other's
+    (within the freshness window, never seen there) must not act there."""
+    bank = Verifier(KEY, app="bank")
+    for_shop = seal({"type": "shutdown_application", "origin": "i1"}, KEY, app="shop")
+    assert bank.check(*for_shop)[1] == "other_app"
+    assert Verifier(KEY, app="shop").check(*for_shop)[1] is None
+    assert bank.check(*seal({"type": "liveness"}, KEY, app="bank"))[1] is None
+    # An instance of an earlier release signs no app: accepted during a rolling upgrade.
+    assert bank.check(*seal({"type": "liveness"}, KEY))[1] is None
+
+
 def test_without_a_secret_messages_are_unsigned_and_accepted() -> None:
     value, headers = seal({"type": "liveness"}, None)
     assert headers == []

@@ -58,7 +58,8 @@ class ControlChannel:
         self.instance_id = instance_id
         self.on_message = on_message
         self._secret = secret
-        self._verifier = Verifier(secret)
+        self._app_id = app_id
+        self._verifier = Verifier(secret, app=app_id)
         self._admit = admit
         self._rejections = RejectionLog(log)
         self._failures = FailureLog()
@@ -90,7 +91,8 @@ class ControlChannel:
 
     async def send(self, kind: str, **fields: Any) -> None:
         assert self._producer is not None
-        value, headers = seal({"type": kind, "origin": self.instance_id, **fields}, self._secret)
+        message = {"type": kind, "origin": self.instance_id, **fields}
+        value, headers = seal(message, self._secret, app=self._app_id)
         await self._producer.send_and_wait(self.topic, value, headers=headers)
 
     async def _run(self) -> None:

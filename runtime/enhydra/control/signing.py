@@ -2,10 +2,11 @@
 
 The control topic can stop every instance, make them export their state, and keep a dead peer
 looking alive; a prefix ACL on `<app id>-` (which command producers often get) lets anyone
-write it. So every message is sealed: its JSON value carries a fresh `at` and `nonce`, and the
-header `enhydra.signature` is HMAC-SHA256(secret, value). A reader acts on a message only if
-the signature matches, `at` is within `max_age_s` of its clock, and it has not seen the same
-signature before (a copied record is a replay, so a recorded beacon cannot revive a dead peer).
+write it. So every message is sealed: its JSON value carries a fresh `at` and `nonce` and the
+app id it is for, and the header `enhydra.signature` is HMAC-SHA256(secret, value). A reader
+acts on a message only if the signature matches, it is for this app, `at` is within
+`max_age_s` of its clock, and it has not seen the same signature before (a copied record is a
+replay, so a recorded beacon cannot revive a dead peer).
 
 Without a secret (ENHYDRA_CONTROL_SECRET / ENHYDRA_CONTROL_SECRET_FILE unset) messages go out
 unsigned and every message is accepted, with a warning at start. That is allowed only with
@@ -52,10 +53,15 @@ def signature(secret: bytes, value: bytes) -> bytes:
     return hmac.new(secret, value, hashlib.sha256).hexdigest().encode()
 
 
-def seal(message: Mapping[str, Any], secret: bytes | None) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """The record value and headers of `message`, signed when there is a secret."""
+def seal(
+    message: Mapping[str, Any], secret: bytes | None, *, app: str | None = None
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The record value and headers of `message`, signed when there is a secret. `app`, the
+    app id the message is for, is signed with it: a copy into another app's control topic
+    (two apps sharing one secret) is refused there."""
     sealed = {
         **message,
+        **({"app": app} if app is not None else {}),
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         "nonce": secrets.token_hex(8),
     }
@@ -79,10 +85,12 @@ class Verifier:
         self,
         secret: bytes | None,
         *,
+        app: str | None = None,
         max_age_s: float = MAX_AGE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._secret = secret
+        self._app = app
         self._max_age_s = max_age_s
         self._clock = clock
         self._seen: dict[bytes, float] = {}  # signature -> the message's `at`
@@ -108,6 +116,10 @@ class Verifier:
             return message, "unsigned"
         if not hmac.compare_digest(bytes(given), signature(self._secret, value)):
             return message, "bad_signature"
+        # Signed for another app sharing the secret. A message without `app` comes from an
+        # earlier release (a rolling upgrade): accepted, as it was.
+        if self._app is not None and message.get("app", self._app) != self._app:
+            return message, "other_app"
         now = self._clock()
         at = _at(message)
         if at is None or abs(now - at) > self._max_age_s:

@@ -85,8 +85,8 @@ async def request_snapshot(
             "storage": storage,
             "origin": ORIGIN,
         }
-        verifier = Verifier(secret)
-        value, headers = seal(message, secret)
+        verifier = Verifier(secret, app=app_id)
+        value, headers = seal(message, secret, app=app_id)
         await producer.send_and_wait(topic, value, headers=headers)
         deadline = time.monotonic() + timeout
         last_ask = time.monotonic()
@@ -114,7 +114,7 @@ async def request_snapshot(
                 progress(snapshot.describe(state.partitions, time.time()))
             if not heard and time.monotonic() - last_ask > ASK_AGAIN_S:
                 # Nobody answered (no instance read it yet, e.g. all were restarting): again.
-                value, headers = seal(message, secret)  # a fresh nonce: not a replay
+                value, headers = seal(message, secret, app=app_id)  # a fresh nonce
                 await producer.send_and_wait(topic, value, headers=headers)
                 last_ask = time.monotonic()
         snapshot = state.snapshots.get(snapshot_id)
