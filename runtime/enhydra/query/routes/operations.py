@@ -76,7 +76,8 @@ def routes(ctx: ApiContext, table: Callable[[], list[Route]]) -> list[Route]:
         out.family(
             "enhydra_control_messages_rejected_total",
             "counter",
-            "control topic messages ignored: unsigned, bad_signature, stale, replayed, refused",
+            "control topic messages ignored, by reason: unsigned, bad_signature, other_app, "
+            "stale, replayed, unreadable, or why a snapshot request was refused",
         )
         for reason, count in sorted(control_rejected.items()):
             out.add("enhydra_control_messages_rejected_total", "counter", "", count, reason=reason)
