@@ -11,22 +11,21 @@ Reservations live in $ENHYDRA_PORTS_DIR, else <tmp>/enhydra-ports.
 
 from __future__ import annotations
 
-import fcntl
+import functools
 import os
 import random
 import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from enhydra.toolcache import file_lock
 
 HOST = "127.0.0.1"
 LOWEST = 10000  # below: ports that well-known servers use
 RESERVED_S = 600.0  # a server binds its port within seconds; a reservation outlives that
 _MIN_SPAN = 1000
 _DEFAULT_EPHEMERAL = (32768, 60999)
-
-_lock = threading.Lock()
 
 
 def reservations() -> Path:
@@ -68,10 +67,8 @@ def claim(port: int, owner: str = "") -> bool:
     if not low <= port < high:
         return False
     folder = reservations()
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / str(port)
-    with _lock, open(folder / ".lock", "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # one claim at a time across processes
+    with file_lock(folder / ".lock"):  # one claim at a time, across processes and threads
         try:
             fresh = time.time() - path.stat().st_mtime < RESERVED_S
             held_by = path.read_text(encoding="utf-8")
@@ -98,6 +95,7 @@ def port_range() -> tuple[int, int]:
     )
 
 
+@functools.cache  # read once: every port tried checks the range
 def _ephemeral_range() -> tuple[int, int]:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:

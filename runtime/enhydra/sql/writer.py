@@ -130,7 +130,8 @@ async def ensure_schema(conn: AsyncConnection, projection: SqlProjection) -> boo
 async def load_positions(
     conn: AsyncConnection, projection: str, topic: str, partitions: Iterable[int]
 ) -> dict[int, int]:
-    """The next events offset to fold per partition, as committed with the rows."""
+    """The next events offset to fold per partition, as committed with the rows (a partition
+    seen for the first time starts at 0)."""
     wanted = sorted(partitions)
     async with conn.transaction():
         async with conn.cursor() as cur:
@@ -139,12 +140,7 @@ async def load_positions(
                 "VALUES (%s, %s, %s, 0) ON CONFLICT DO NOTHING",
                 [(projection, topic, p) for p in wanted],
             )
-        cur = await conn.execute(
-            f"SELECT partition, next_offset FROM {POSITIONS} "
-            "WHERE projection = %s AND topic = %s AND partition = ANY(%s)",
-            (projection, topic, wanted),
-        )
-        return {p: o for p, o in await cur.fetchall()}
+        return await stored_positions(conn, projection, topic, wanted)
 
 
 async def stored_positions(
